@@ -1,0 +1,45 @@
+# lit-credit: `make run` trains the default job on CPU; `make test` runs the suite. Both set up .venv first.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch 2.13.0 (CPU build) first, so no package pulls in a multi-GB CUDA build.
+TORCH ?= torch==2.13.0
+
+.PHONY: run test test-fast lint format install dev sweep clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install -q -e ".[dev,notebook]"
+	touch $@
+
+install: $(VENV)/.installed
+dev: $(VENV)/.installed-dev
+
+run: install  ## the default experiment: GRPO on arithmetic with the embedded tiny policy
+	$(BIN)/lit-credit experiment=grpo_arith $(ARGS)
+
+test: dev  ## the suite CI runs (fast + slow end-to-end; vLLM and GPU tests are separate targets)
+	$(BIN)/python -m pytest -m "not vllm and not gpu" $(ARGS)
+
+test-fast: dev
+	$(BIN)/python -m pytest $(ARGS)
+
+lint: dev
+	$(BIN)/ruff check .
+
+format: dev
+	$(BIN)/ruff format .
+
+sweep: install  ## a multirun over methods and seeds
+	$(BIN)/lit-credit -m experiment=grpo_arith method=grpo,dr_grpo,dapo,gspo seed=0,1,2 $(ARGS)
+
+clean:
+	rm -rf outputs .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+from data_modules.rollout import RolloutDataModule
+
+__all__ = ["RolloutDataModule"]

@@ -1,0 +1,193 @@
+"""SLCA-GRPO: segment-level credit for the tool calls vs. the final summary (methods.md §1), and ToolPO.
+
+A rollout's learnable tokens form runs separated by environment-injected (mask 0) tokens. With >= 2 runs
+the last run is the summary and every earlier run is the tool (process) segment; a single run is the
+summary alone (so a rollout that ends on a tool call reads that call as its summary: documented, not a
+bug). Tool calls and summary then get separate group-normalised advantages, so a badly judged summary no
+longer punishes correct tool calls.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lit_credit.credit.grpo import group_normalize, share, token_metrics, zero_group_frac
+from lit_credit.credit.registry import CreditEstimator, register
+from lit_credit.types import CreditOutput, RolloutBatch
+
+
+def segment_masks(response_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Split the learnable tokens into the tool segment and the summary segment.
+
+    Runs = maximal stretches of ``response_mask == 1``. 0 runs: both masks empty. 1 run: summary only.
+    >= 2 runs: the last run is the summary, all earlier runs the tool segment.
+
+    Shape:
+        response_mask: [B, T]. Output: (tool_mask [B, T] bool, summary_mask [B, T] bool), disjoint,
+        their union the response mask.
+    """
+    m = response_mask.bool()
+    starts = m & ~torch.cat([m.new_zeros(m.shape[0], 1), m[:, :-1]], 1)
+    run = starts.cumsum(1)  # 1-based index of the run each learnable token belongs to
+    summary = m & (run == starts.sum(1, keepdim=True))
+    return m & ~summary, summary
+
+
+def _omitted(score_total: Tensor | None, should_call_but_no_call: Tensor | None) -> Tensor | None:
+    """Omission guard flags: ``should_call_but_no_call or score < 0``; None when neither is given."""
+    if should_call_but_no_call is not None and score_total is None:
+        raise ValueError(
+            "should_call_but_no_call needs score_total (the omission score becomes the summary score)"
+        )
+    flags = None if score_total is None else score_total < 0
+    if should_call_but_no_call is not None:
+        flags = flags | should_call_but_no_call.bool()
+    return flags
+
+
+def slca_advantages(
+    process_score: Tensor,
+    summary_score: Tensor,
+    response_mask: Tensor,
+    group_ids: Tensor,
+    *,
+    score_total: Tensor | None = None,
+    should_call_but_no_call: Tensor | None = None,
+    w_process: float = 1.0,
+    w_summary: float = 1.0,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+) -> CreditOutput:
+    """SLCA-GRPO token advantages.
+
+    1. ``s_tool = process``, ``s_sum = summary``.
+    2. Omission guard: where ``should_call_but_no_call`` or ``score_total < 0``: ``s_tool = 0``,
+       ``s_sum = score_total``.
+    3. ``A_tool = Norm_{g(i)}(s_tool)`` over the group's rollouts with a tool segment, ``A_sum`` likewise
+       over those with a summary segment; presence guard (< 2 present in a group -> 0); absent -> 0.
+    4. ``A_tool *= w_process``, ``A_sum *= w_summary`` (after normalisation: before, it would cancel).
+    5. ``advantages = tool_mask * A_tool + summary_mask * A_sum`` (0 outside the response mask).
+
+    Metrics: ``credit/adv_*`` over learnable tokens, ``credit/tool/adv_*`` and ``credit/summary/adv_*``
+    over each segment, ``credit/omission_frac``, ``credit/tool_present_frac``,
+    ``credit/{tool,summary}/zero_variance_group_frac``.
+
+    Shape:
+        process_score, summary_score, group_ids, score_total, should_call_but_no_call: [B];
+        response_mask: [B, T]. Output advantages: [B, T]; ``parts["tool"]``, ``parts["summary"]``: [B].
+    """
+    tool_mask, summary_mask = segment_masks(response_mask)
+    s_tool, s_sum = process_score, summary_score
+    omitted = _omitted(score_total, should_call_but_no_call)
+    if omitted is not None:
+        s_tool = torch.where(omitted, 0, s_tool)
+        s_sum = torch.where(omitted, score_total, s_sum)
+
+    def norm(x: Tensor, present: Tensor) -> Tensor:
+        return group_normalize(x, group_ids, present, eps=eps, norm_by_std=norm_by_std)
+
+    a_tool, a_sum = w_process * norm(s_tool, tool_mask.any(1)), w_summary * norm(s_sum, summary_mask.any(1))
+    tokens = torch.where(tool_mask, a_tool[:, None], 0) + torch.where(summary_mask, a_sum[:, None], 0)
+    metrics = {
+        **token_metrics(tokens, response_mask),
+        **token_metrics(tokens, tool_mask, "credit/tool/"),
+        **token_metrics(tokens, summary_mask, "credit/summary/"),
+        "credit/omission_frac": 0.0 if omitted is None else share(omitted),
+        "credit/tool_present_frac": share(tool_mask.any(1)),
+        "credit/tool/zero_variance_group_frac": zero_group_frac(a_tool, group_ids),
+        "credit/summary/zero_variance_group_frac": zero_group_frac(a_sum, group_ids),
+    }
+    return CreditOutput(tokens, {"tool": a_tool, "summary": a_sum}, metrics)
+
+
+def toolpo_advantages(
+    process_score: Tensor,
+    score_total: Tensor,
+    response_mask: Tensor,
+    group_ids: Tensor,
+    *,
+    should_call_but_no_call: Tensor | None = None,
+    lam: float = 1.0,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+) -> CreditOutput:
+    """ToolPO baseline: a GRPO advantage everywhere plus a tool-process advantage on the tool tokens.
+
+    ``A_global = Norm_{g(i)}(score_total)`` over all rollouts of the group; ``A_tool`` as in
+    :func:`slca_advantages` (omission guard ``s_tool = 0``, presence over rollouts with a tool segment).
+    Tool tokens get ``A_global + lam * A_tool``, summary tokens ``A_global``.
+
+    Shape:
+        process_score, score_total, group_ids, should_call_but_no_call: [B]; response_mask: [B, T].
+        Output advantages: [B, T]; ``parts["rollout"]`` (A_global), ``parts["tool"]`` (A_tool): [B].
+    """
+    tool_mask, _ = segment_masks(response_mask)
+    s_tool = torch.where(_omitted(score_total, should_call_but_no_call), 0, process_score)
+    a_global = group_normalize(score_total, group_ids, eps=eps, norm_by_std=norm_by_std)
+    a_tool = group_normalize(s_tool, group_ids, tool_mask.any(1), eps=eps, norm_by_std=norm_by_std)
+    on_tool = torch.where(tool_mask, lam * a_tool[:, None], 0)
+    tokens = torch.where(response_mask.bool(), a_global[:, None], 0) + on_tool
+    metrics = {
+        **token_metrics(tokens, response_mask),
+        **token_metrics(tokens, tool_mask, "credit/tool/"),
+        "credit/zero_variance_group_frac": zero_group_frac(a_global, group_ids),
+    }
+    return CreditOutput(tokens, {"rollout": a_global, "tool": a_tool}, metrics)
+
+
+@register("slca")
+class SLCACredit(CreditEstimator):
+    """:func:`slca_advantages` of ``batch.reward_parts["process"]`` and ``["summary"]``.
+
+    The omission guard reads ``reward_parts["score"]`` (default: ``batch.scores``, the total score) and the
+    optional ``reward_parts["should_call_but_no_call"]``.
+    """
+
+    def __init__(
+        self, *, w_process: float = 1.0, w_summary: float = 1.0, eps: float = 1e-6, norm_by_std: bool = True
+    ) -> None:
+        self.w_process = w_process
+        self.w_summary = w_summary
+        self.eps = eps
+        self.norm_by_std = norm_by_std
+
+    def __call__(self, batch: RolloutBatch) -> CreditOutput:
+        parts = batch.reward_parts
+        return slca_advantages(
+            parts["process"],
+            parts["summary"],
+            batch.response_mask,
+            batch.group_ids,
+            score_total=parts.get("score", batch.scores),
+            should_call_but_no_call=parts.get("should_call_but_no_call"),
+            w_process=self.w_process,
+            w_summary=self.w_summary,
+            eps=self.eps,
+            norm_by_std=self.norm_by_std,
+        )
+
+
+@register("toolpo")
+class ToolPOCredit(CreditEstimator):
+    """:func:`toolpo_advantages` of ``reward_parts["process"]`` and the total score
+    (``reward_parts["score"]``, default ``batch.scores``); optional ``reward_parts["should_call_but_no_call"]``.
+    """
+
+    def __init__(self, *, lam: float = 1.0, eps: float = 1e-6, norm_by_std: bool = True) -> None:
+        self.lam = lam
+        self.eps = eps
+        self.norm_by_std = norm_by_std
+
+    def __call__(self, batch: RolloutBatch) -> CreditOutput:
+        parts = batch.reward_parts
+        return toolpo_advantages(
+            parts["process"],
+            parts.get("score", batch.scores),
+            batch.response_mask,
+            batch.group_ids,
+            should_call_but_no_call=parts.get("should_call_but_no_call"),
+            lam=self.lam,
+            eps=self.eps,
+            norm_by_std=self.norm_by_std,
+        )

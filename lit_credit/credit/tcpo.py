@@ -1,0 +1,291 @@
+"""TCPO: turn-level credit from per-turn verifier scores (methods.md §2).
+
+A score is not a credit: a kept success, a turn that enables a later fix and a regression after success
+must be told apart. Scores ``r[i, k]`` exist on the turns rollout i reached (``turn_mask``, a prefix of
+the K turns); everything here is 0 on turns not reached. Turn index k is 0-based here (methods.md counts
+from 1).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+from lit_credit.credit.grpo import group_normalize, group_stats, share, token_metrics
+from lit_credit.credit.registry import CreditEstimator, register
+from lit_credit.types import CreditOutput, RolloutBatch
+
+Preset = Literal["trajectory", "turn", "diff", "retro", "retro_hindsight", "tcpo"]
+Normalize = Literal["std", "mean_std", "turn_mean_std", "none"]
+SelectMode = Literal["surprisal", "random", "all"]
+PRESETS, NORMALIZE, SELECT_MODES = get_args(Preset), get_args(Normalize), get_args(SelectMode)
+TURN_TYPES = ("flat", "improve", "maintain", "regress")
+
+
+def _check(kind: str, value: str, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ValueError(f"unknown {kind} {value!r}; valid: {', '.join(options)}")
+
+
+def _turn_cells(group_ids: Tensor, n_turns: int) -> Tensor:
+    """[B, K] ids, one per (group, turn index) pair."""
+    inv = torch.unique(group_ids, return_inverse=True)[1]
+    return inv[:, None] * n_turns + torch.arange(n_turns, device=group_ids.device)
+
+
+def _best_before(scores: Tensor, mask: Tensor, r0: float) -> Tensor:
+    """``m[i, 0] = r0``, ``m[i, k] = max_{t<k} r[i, t]`` over reached turns (r0 where none was reached)."""
+    best = scores.masked_fill(~mask, float("-inf")).cummax(1).values
+    m = torch.cat([best.new_full((len(best), 1), r0), best[:, :-1]], 1)
+    return torch.where(m.isneginf(), r0, m)
+
+
+def retrospective_credit(
+    scores: Tensor, turn_mask: Tensor, *, tau: float = 1.0, mu: float = 0.1, rho: float = 1.0, r0: float = 0.0
+) -> Tensor:
+    """Own contribution vs. the best so far.
+
+    ``m[i, 0] = r0``, ``m[i, k] = max_{t<k} r[i, t]`` (r0 is the reference of the first turn only), and
+    ``retro = [r - m]_+ + mu * 1[m >= tau and r >= tau] - rho * 1[m >= tau] * [m - r]_+``:
+    an improvement earns its gain, a kept success (score >= tau) earns ``mu``, a drop after success costs
+    ``rho`` per point lost; drops before any success cost nothing.
+
+    Shape:
+        scores: [B, K] float, turn_mask: [B, K] bool. Output: [B, K], 0 on turns not reached.
+    """
+    mask = turn_mask.bool()
+    m = _best_before(scores, mask, r0)
+    kept = mu * (scores >= tau).to(scores.dtype) - rho * (m - scores).clamp_min(0)
+    retro = (scores - m).clamp_min(0) + torch.where(m >= tau, kept, 0)
+    return torch.where(mask, retro, 0)
+
+
+def hindsight_credit(scores: Tensor, turn_mask: Tensor, group_ids: Tensor) -> Tensor:
+    """Future repair the turn led to, against the other rollouts of the group at the same turn.
+
+    ``H[i, k] = max_{t >= k} r[i, t]`` in the completed rollout;
+    ``hind[i, k] = H[i, k] - mean_j H[j, k]`` over the rollouts j of i's group that reached turn k
+    (presence guard: 0 when fewer than 2 of them reached it).
+
+    Shape:
+        scores: [B, K] float, turn_mask: [B, K] bool, group_ids: [B]. Output: [B, K].
+    """
+    mask = turn_mask.bool()
+    future_best = scores.masked_fill(~mask, float("-inf")).flip(1).cummax(1).values.flip(1)
+    cells = _turn_cells(group_ids, scores.shape[1])
+    return group_normalize(torch.where(mask, future_best, 0), cells, mask, norm_by_std=False)
+
+
+def counterfactual_credit(scores: Tensor, alt_scores: Tensor, cf_mask: Tensor | None = None) -> Tensor:
+    """Fixed-history counterfactual: ``cf[i, k] = r[i, k] - mean_m r'[i, k, m]``.
+
+    ``r'`` are the verifier scores of M alternatives sampled with turn k's history fixed, NaN where not
+    sampled. Turns outside ``cf_mask`` (default: turns with at least one alternative) or without any
+    alternative get 0.
+
+    Shape:
+        scores: [B, K], alt_scores: [B, K, M] (NaN = not sampled), cf_mask: [B, K] bool. Output: [B, K].
+    """
+    sampled = ~alt_scores.isnan()
+    n = sampled.sum(-1)
+    alt_mean = torch.where(sampled, alt_scores, 0).sum(-1) / n.clamp_min(1)
+    selected = n > 0 if cf_mask is None else cf_mask.bool() & (n > 0)
+    return torch.where(selected, scores - alt_mean, 0)
+
+
+def select_counterfactual_turns(
+    surprisal: Tensor,
+    turn_mask: Tensor,
+    group_ids: Tensor,
+    *,
+    top_l: int = 5,
+    mode: SelectMode = "surprisal",
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Turns that get counterfactual alternatives: the top-L reached turns of each group.
+
+    ``mode="surprisal"`` ranks by surprisal (mean negative log-prob of the turn's tokens under the behaviour
+    policy), ``"random"`` by uniform noise from ``generator`` (the "random selection" ablation), ``"all"``
+    takes every reached turn. Ties go to the earlier (rollout, turn) position.
+
+    Shape:
+        surprisal: [B, K] float, turn_mask: [B, K] bool, group_ids: [B]. Output: [B, K] bool.
+    """
+    _check("mode", mode, SELECT_MODES)
+    mask = turn_mask.bool()
+    if mode == "all":
+        return mask.clone()
+    key = (
+        surprisal
+        if mode == "surprisal"
+        else torch.rand(surprisal.shape, generator=generator, device=mask.device)
+    )
+    key = key.masked_fill(~mask, float("-inf")).reshape(-1)
+    group = torch.unique(group_ids, return_inverse=True)[1][:, None].expand_as(mask).reshape(-1)
+    order = key.argsort(descending=True, stable=True)
+    order = order[group[order].argsort(stable=True)]  # by group, then by key descending
+    counts = torch.bincount(group)
+    first = counts.cumsum(0) - counts
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order), device=order.device) - first[group[order]]
+    return (rank < top_l).view_as(mask) & mask
+
+
+def tcpo_turn_advantages(
+    scores: Tensor,
+    turn_mask: Tensor,
+    group_ids: Tensor,
+    *,
+    preset: Preset = "tcpo",
+    alt_scores: Tensor | None = None,
+    cf_mask: Tensor | None = None,
+    w_retro: float = 1.0,
+    w_hind: float = 1.0,
+    w_cf: float = 1.0,
+    normalize: Normalize = "std",
+    tau: float = 1.0,
+    mu: float = 0.1,
+    rho: float = 1.0,
+    r0: float = 0.0,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Turn advantages ``A[i, k]`` along the ablation ladder.
+
+    Presets:
+      - ``trajectory``: GRPO on the final score, ``A[i, k] = Norm_{g(i)}(r[i, last])`` on every reached turn.
+      - ``turn``: ``A[i, k] = Norm_{g(i), k}(r[i, k])``, normalised within group and turn index.
+      - ``diff``: ``c = r[i, k] - r[i, k-1]`` (``r[i, -1] = r0``).
+      - ``retro``: ``c = w_retro * retro``; ``retro_hindsight``: ``+ w_hind * hind``;
+        ``tcpo``: ``+ w_cf * cf`` (cf = 0 without ``alt_scores``), see :func:`retrospective_credit`,
+        :func:`hindsight_credit`, :func:`counterfactual_credit`.
+    The ``c`` of diff / retro / retro_hindsight / tcpo is then normalised (``trajectory`` and ``turn`` are
+    normalised by definition and ignore ``normalize``):
+      - ``std``: ``A = c / (std_G c + eps)``, G the group's reached turns (unbiased std, no centring, so
+        improvements stay positive and regressions negative); a group with < 2 reached turns gets 0;
+      - ``mean_std``: ``Norm_G(c)`` over the group's reached turns; ``turn_mean_std``: ``Norm`` within
+        group and turn index (presence guard); ``none``: ``A = c``.
+
+    Shape:
+        scores: [B, K] float (any value where not reached), turn_mask: [B, K] bool, group_ids: [B],
+        alt_scores: [B, K, M] (NaN where not sampled), cf_mask: [B, K] bool. Output: [B, K], 0 on turns
+        not reached.
+    """
+    _check("preset", preset, PRESETS)
+    _check("normalize", normalize, NORMALIZE)
+    mask = turn_mask.bool()
+    scores = torch.where(mask, scores, 0)
+    n_turns = scores.shape[1]
+    if preset == "trajectory":
+        last = (mask * torch.arange(1, n_turns + 1, device=mask.device)).amax(1).clamp_min(1) - 1
+        final = scores.gather(1, last[:, None]).squeeze(1)
+        return torch.where(mask, group_normalize(final, group_ids, mask.any(1), eps=eps)[:, None], 0)
+    if preset == "turn":
+        return group_normalize(scores, _turn_cells(group_ids, n_turns), mask, eps=eps)
+    if preset == "diff":
+        c = scores - torch.cat([scores.new_full((len(scores), 1), r0), scores[:, :-1]], 1)
+    else:
+        c = w_retro * retrospective_credit(scores, mask, tau=tau, mu=mu, rho=rho, r0=r0)
+        if preset in ("retro_hindsight", "tcpo"):
+            c = c + w_hind * hindsight_credit(scores, mask, group_ids)
+        if preset == "tcpo" and alt_scores is not None:
+            c = c + w_cf * counterfactual_credit(scores, alt_scores, cf_mask)
+    rollout_group = group_ids[:, None].expand_as(mask)
+    if normalize == "std":
+        _, std, count = group_stats(c, rollout_group, mask)
+        return torch.where(mask & (count >= 2), c / (std + eps), 0)
+    if normalize == "mean_std":
+        return group_normalize(c, rollout_group, mask, eps=eps)
+    if normalize == "turn_mean_std":
+        return group_normalize(c, _turn_cells(group_ids, n_turns), mask, eps=eps)
+    return torch.where(mask, c, 0)
+
+
+def turns_to_tokens(turn_values: Tensor, turn_ids: Tensor) -> Tensor:
+    """Every token of turn k gets ``turn_values[i, k]``; tokens with ``turn_ids == -1`` (prompt, feedback,
+    padding) get 0.
+
+    Shape:
+        turn_values: [B, K], turn_ids: [B, T] long in [-1, K). Output: [B, T].
+    """
+    on = turn_ids >= 0
+    return torch.where(on, turn_values.gather(1, turn_ids.clamp_min(0)), 0)
+
+
+def turn_types(scores: Tensor, turn_mask: Tensor, *, tau: float = 1.0, r0: float = 0.0) -> Tensor:
+    """Index into ``TURN_TYPES`` per reached turn, -1 elsewhere, with m the best score before the turn
+    (as in :func:`retrospective_credit`): improve ``r > m``; else maintain ``m >= tau and r >= tau``; else
+    regress ``m >= tau and r < m``; else flat.
+
+    Shape:
+        scores: [B, K], turn_mask: [B, K] bool. Output: [B, K] long.
+    """
+    mask = turn_mask.bool()
+    m = _best_before(scores, mask, r0)
+    solved = m >= tau
+    kind = torch.where(solved & (scores < m), 3, 0)
+    kind = torch.where(solved & (scores >= tau), 2, kind)
+    kind = torch.where(scores > m, 1, kind)
+    return torch.where(mask, kind, -1)
+
+
+@register("tcpo")
+class TCPOCredit(CreditEstimator):
+    """:func:`tcpo_turn_advantages` of ``batch.turn_scores`` spread onto the tokens by ``batch.turn_ids``.
+
+    Reads ``batch.turn_scores``, ``turn_mask``, ``turn_ids``, ``group_ids`` and the optional
+    ``reward_parts["alt_scores"]`` ([B, K, M]) and ``reward_parts["cf_mask"]`` ([B, K]).
+    ``parts["turn"]`` holds A [B, K]. Metrics: ``credit/adv_*`` over tokens,
+    ``credit/turn_type/{flat,improve,maintain,regress}/{adv_mean,adv_std,adv_abs_max,frac}`` over reached
+    turns (see :func:`turn_types`) and
+    ``credit/turn/{k}/adv_mean`` by turn index.
+    """
+
+    def __init__(
+        self,
+        *,
+        preset: Preset = "tcpo",
+        normalize: Normalize = "std",
+        w_retro: float = 1.0,
+        w_hind: float = 1.0,
+        w_cf: float = 1.0,
+        tau: float = 1.0,
+        mu: float = 0.1,
+        rho: float = 1.0,
+        r0: float = 0.0,
+        eps: float = 1e-6,
+    ) -> None:
+        _check("preset", preset, PRESETS)
+        _check("normalize", normalize, NORMALIZE)
+        self.preset = preset
+        self.normalize = normalize
+        self.w_retro = w_retro
+        self.w_hind = w_hind
+        self.w_cf = w_cf
+        self.tau = tau
+        self.mu = mu
+        self.rho = rho
+        self.r0 = r0
+        self.eps = eps
+
+    def __call__(self, batch: RolloutBatch) -> CreditOutput:
+        parts = batch.reward_parts
+        scores, mask = batch.turn_scores, batch.turn_mask.bool()
+        adv = tcpo_turn_advantages(
+            scores,
+            mask,
+            batch.group_ids,
+            alt_scores=parts.get("alt_scores"),
+            cf_mask=parts.get("cf_mask"),
+            **vars(self),
+        )
+        tokens = turns_to_tokens(adv, batch.turn_ids)
+        metrics = token_metrics(tokens, batch.turn_ids >= 0)
+        kinds = turn_types(scores, mask, tau=self.tau, r0=self.r0)
+        for k, name in enumerate(TURN_TYPES):
+            metrics |= token_metrics(adv, kinds == k, f"credit/turn_type/{name}/")
+            metrics[f"credit/turn_type/{name}/frac"] = share(kinds[mask] == k)
+        by_index = (torch.where(mask, adv, 0).sum(0) / mask.sum(0).clamp_min(1)).tolist()
+        metrics |= {f"credit/turn/{k}/adv_mean": v for k, v in enumerate(by_index)}
+        return CreditOutput(tokens, {"turn": adv}, metrics)

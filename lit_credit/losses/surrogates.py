@@ -1,0 +1,192 @@
+"""Clipped policy-gradient surrogates: token-level PPO (GRPO, DAPO, Dr.GRPO) and sequence-level GSPO.
+
+A surrogate maps log-probs and advantages to a per-token loss; :class:`~lit_credit.losses.PolicyLoss`
+adds the KL term and aggregates. Masked tokens (``mask == 0``) are neutralised at the input: their
+log-ratio and advantage are set to 0 before any non-linearity, so garbage there (padding, ``-inf``,
+NaN) changes neither the loss nor the gradient, and their per-token loss is 0.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+from torch import Tensor
+
+from lit_credit.losses.aggregate import _safe_div, masked_mean
+
+
+def _check_same_shape(**tensors: Tensor) -> None:
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    first = next(iter(shapes.values()))
+    if len(first) != 2 or any(s != first for s in shapes.values()):
+        raise ValueError(f"expected tensors of one shape [B, T], got {shapes}")
+
+
+def _resolve_clip(clip_low: float, clip_high: float | None) -> tuple[float, float]:
+    clip_low = float(clip_low)
+    clip_high = clip_low if clip_high is None else float(clip_high)
+    if not 0.0 <= clip_low < 1.0:
+        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+    if clip_high < 0.0:
+        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+    return clip_low, clip_high
+
+
+def _clipped_objective(
+    ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor]:
+    """``loss = -min(r A, clip(r, 1-clip_low, 1+clip_high) A)`` and where the clip binds."""
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+    loss = -torch.minimum(unclipped, clipped)
+    return loss, (clipped < unclipped).detach()
+
+
+def _range_stats(values: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Masked mean / min / max of ``values``; each is 1.0 (the neutral ratio) when nothing is valid."""
+    any_valid = valid.any()
+    one = torch.ones((), dtype=values.dtype, device=values.device)
+    mean = torch.where(any_valid, masked_mean(values, valid), one)
+    vmin = torch.where(any_valid, torch.where(valid, values, torch.inf).amin(), one)
+    vmax = torch.where(any_valid, torch.where(valid, values, -torch.inf).amax(), one)
+    return mean, vmin, vmax
+
+
+class Surrogate(abc.ABC):
+    """Base of the per-token policy-gradient surrogates used by :class:`PolicyLoss`.
+
+    ``__call__(logp, old_logp, advantages, mask) -> (loss [B, T], metrics)`` where ``metrics`` maps short
+    names (``clip_frac``, ``ratio_mean``, ...) to detached 0-dim tensors (``PolicyLoss`` turns them into
+    floats with one device sync). ``loss`` is 0 wherever ``mask == 0``.
+    """
+
+    @abc.abstractmethod
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        raise NotImplementedError
+
+
+class ClippedSurrogate(Surrogate):
+    r"""PPO clipped surrogate, per token (GRPO, Dr.GRPO, DAPO clip-higher).
+
+    ``r_t = exp(logp_t - old_logp_t)``,
+    ``loss_t = -min(r_t A_t, clip(r_t, 1 - clip_low, 1 + clip_high) A_t)``.
+
+    ``clip_high=None`` means symmetric (``clip_high = clip_low``; GRPO 0.2). DAPO's clip-higher is
+    ``clip_low=0.2, clip_high=0.28``. The gradient is 0 on a token where the clipped branch is the
+    (strictly) smaller one: ``A > 0`` and ``r > 1 + clip_high``, or ``A < 0`` and ``r < 1 - clip_low``.
+    Elsewhere ``d loss_t / d logp_t = -r_t A_t``.
+
+    Metrics (detached 0-dim tensors, over tokens with ``mask != 0``): ``clip_frac`` (share of tokens
+    where clipping binds as above), ``clip_frac_low`` / ``clip_frac_high`` (its two sides), ``ratio_mean``,
+    ``ratio_min``, ``ratio_max`` (1.0 on an empty mask), ``ppo_kl`` (mean of ``old_logp - logp``, the
+    k1 estimate of ``KL(pi_old || pi)``).
+
+    Shape:
+        logp, old_logp: [B, T] log-probs of the sampled tokens under the current / behaviour policy.
+        advantages: [B, T] token-level advantages.
+        mask: [B, T] bool/int/float, nonzero on learnable tokens.
+        output: (loss [B, T], metrics dict[str, 0-dim Tensor]).
+    """
+
+    def __init__(self, clip_low: float = 0.2, clip_high: float | None = None) -> None:
+        self.clip_low, self.clip_high = _resolve_clip(clip_low, clip_high)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(clip_low={self.clip_low}, clip_high={self.clip_high})"
+
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        _check_same_shape(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
+        valid = mask != 0
+        log_ratio = torch.where(valid, logp - old_logp, torch.zeros_like(logp))
+        adv = torch.where(valid, advantages, torch.zeros_like(advantages))
+        ratio = torch.exp(log_ratio)
+        loss, is_clipped = _clipped_objective(ratio, adv, self.clip_low, self.clip_high)
+        with torch.no_grad():
+            r = ratio.detach()
+            is_clipped = is_clipped & valid
+            ratio_mean, ratio_min, ratio_max = _range_stats(r, valid)
+            metrics = {
+                "clip_frac": masked_mean(is_clipped.to(r.dtype), valid),
+                "clip_frac_low": masked_mean((is_clipped & (r < 1.0)).to(r.dtype), valid),
+                "clip_frac_high": masked_mean((is_clipped & (r > 1.0)).to(r.dtype), valid),
+                "ratio_mean": ratio_mean,
+                "ratio_min": ratio_min,
+                "ratio_max": ratio_max,
+                "ppo_kl": masked_mean(-log_ratio.detach(), valid),
+            }
+        return loss, metrics
+
+
+class GSPOSurrogate(Surrogate):
+    r"""GSPO: one length-normalised importance ratio per sequence (Zheng et al., 2025, "GSPO-token").
+
+    With ``m`` the mask and ``|y_i| = sum_t m_{i,t}``:
+
+    ``s_i = exp( sum_t m_{i,t} (logp_{i,t} - old_logp_{i,t}) / |y_i| )``   (``s_i = 1`` for an empty row),
+    ``s_{i,t} = sg[s_i] * exp(logp_{i,t} - sg[logp_{i,t}])``                (value ``s_i``; ``sg`` = detach),
+    ``loss_{i,t} = -min(s_{i,t} A_{i,t}, clip(s_{i,t}, 1 - clip_low, 1 + clip_high) A_{i,t})``.
+
+    The stop-gradient trick makes ``d s_{i,t} / d logp_{i,t} = s_i``, so averaging over the row's tokens
+    gives ``d/d logp_{i,t} [(1/|y_i|) sum_u s_{i,u} A_i] = s_i A_i / |y_i|``, which is exactly the gradient of
+    GSPO's sequence objective ``s_i A_i`` (as ``d s_i / d logp_{i,t} = s_i / |y_i|``). Hence pair it with
+    ``aggregation="seq-mean-token-mean"`` to reproduce GSPO's objective
+    ``(1/G) sum_i min(s_i A_i, clip(s_i) A_i)``; ``token-mean`` gives a length-weighted variant.
+
+    Advantages are used per token (GSPO-token): with a row-constant ``A_{i,t} = A_i`` (GRPO-style credit)
+    this is GSPO proper; token-varying credit (SLCA, TCPO) is weighted per token under the shared ratio.
+    The clip is on the sequence ratio; the paper uses very small ranges (3e-4 / 4e-4), while this
+    project's default is 0.2 (methods.md §0), both set by ``clip_low`` / ``clip_high``.
+
+    Metrics (detached 0-dim tensors) are sequence level, over rows with at least one learnable token:
+    ``clip_frac`` (share of sequences where clipping binds on any token, i.e. the sequence is clipped
+    when its advantage is row-constant), ``clip_frac_low`` / ``clip_frac_high``, ``ratio_mean`` /
+    ``ratio_min`` / ``ratio_max`` of ``s_i`` (1.0 when no row is present), ``ppo_kl`` (token mean of
+    ``old_logp - logp``).
+
+    Shape:
+        logp, old_logp: [B, T] log-probs of the sampled tokens under the current / behaviour policy.
+        advantages: [B, T] token-level advantages (row-constant for GSPO proper).
+        mask: [B, T] bool/int/float, nonzero on learnable tokens.
+        output: (loss [B, T], metrics dict[str, 0-dim Tensor]).
+    """
+
+    def __init__(self, clip_low: float = 0.2, clip_high: float | None = None) -> None:
+        self.clip_low, self.clip_high = _resolve_clip(clip_low, clip_high)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(clip_low={self.clip_low}, clip_high={self.clip_high})"
+
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        _check_same_shape(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
+        valid = mask != 0
+        zeros = torch.zeros_like(logp)
+        lp = torch.where(valid, logp, zeros)
+        log_ratio = torch.where(valid, logp - old_logp, zeros)
+        adv = torch.where(valid, advantages, torch.zeros_like(advantages))
+        m = torch.where(valid, mask.to(logp.dtype), zeros)
+        seq_log_ratio = _safe_div((log_ratio * m).sum(-1), m.sum(-1))  # log s_i, [B]; 0 on empty rows
+        tok_log_ratio = seq_log_ratio.detach().unsqueeze(-1) + (lp - lp.detach())  # value log s_i
+        ratio = torch.exp(tok_log_ratio)
+        loss, is_clipped = _clipped_objective(ratio, adv, self.clip_low, self.clip_high)
+        with torch.no_grad():
+            s = torch.exp(seq_log_ratio.detach())  # [B]
+            present = valid.any(-1)
+            seq_clipped = (is_clipped & valid).any(-1)
+            ratio_mean, ratio_min, ratio_max = _range_stats(s, present)
+            metrics = {
+                "clip_frac": masked_mean(seq_clipped.to(s.dtype), present),
+                "clip_frac_low": masked_mean((seq_clipped & (s < 1.0)).to(s.dtype), present),
+                "clip_frac_high": masked_mean((seq_clipped & (s > 1.0)).to(s.dtype), present),
+                "ratio_mean": ratio_mean,
+                "ratio_min": ratio_min,
+                "ratio_max": ratio_max,
+                "ppo_kl": masked_mean(-log_ratio.detach(), valid),
+            }
+        return loss, metrics

@@ -1,0 +1,3 @@
+from lit_credit.methods.grpo import GRPOModule
+
+__all__ = ["GRPOModule"]

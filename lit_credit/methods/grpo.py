@@ -1,0 +1,152 @@
+"""The shared GRPO base: every method is this module with another credit estimator and loss."""
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+
+from lit_credit.credit.registry import CreditEstimator
+from lit_credit.losses import PolicyLoss, masked_mean
+from lit_credit.models.logprobs import token_logprobs
+from lit_credit.models.policy import PolicySource
+from lit_credit.types import RolloutBatch
+
+
+def nonzero_variance_groups(batch: RolloutBatch) -> torch.Tensor:
+    """[B] bool: rollouts whose group's scores are not all equal (DAPO dynamic sampling keeps these)."""
+    _, inverse = torch.unique(batch.group_ids, return_inverse=True)
+    n = int(inverse.max()) + 1
+    high = torch.full((n,), -torch.inf).scatter_reduce(0, inverse, batch.scores, "amax")
+    low = torch.full((n,), torch.inf).scatter_reduce(0, inverse, batch.scores, "amin")
+    return (high > low)[inverse]
+
+
+class GRPOModule(L.LightningModule):
+    """GRPO-family policy optimisation with manual optimisation.
+
+    One training step: rollouts with the current weights (from the DataModule) -> old and reference
+    log-probs -> ``credit(batch)`` token advantages -> ``ppo_epochs`` x ``num_minibatches`` updates of
+    ``loss`` with gradient clipping -> LR schedule -> weight sync to the engine -> logs. GRPO, Dr.GRPO,
+    DAPO and GSPO are configs of this module (credit + loss + ``dynamic_sampling``); SLCA-GRPO, TCPO and
+    MT-GRPO swap the credit estimator. ``trainer.global_step`` counts optimiser updates.
+    """
+
+    def __init__(self, policy: PolicySource, credit: CreditEstimator, loss: PolicyLoss,
+                 optimizer: OptimizerCallable = torch.optim.AdamW, lr_scheduler: LRSchedulerCallable | None = None,
+                 ppo_epochs: int = 1, num_minibatches: int = 1, max_grad_norm: float = 1.0,
+                 dynamic_sampling: bool = False, max_logprob_gap: float | None = None) -> None:
+        super().__init__()
+        if ppo_epochs < 1 or num_minibatches < 1:
+            raise ValueError(f"method.ppo_epochs={ppo_epochs}, method.num_minibatches={num_minibatches}: both >= 1")
+        self.save_hyperparameters(ignore=["policy"])
+        self.automatic_optimization = False
+        self.source, self.credit, self.loss = policy, credit, loss
+        self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
+        self.ppo_epochs, self.num_minibatches, self.max_grad_norm = ppo_epochs, num_minibatches, max_grad_norm
+        self.dynamic_sampling, self.max_logprob_gap = dynamic_sampling, max_logprob_gap
+        self.policy, self.tokenizer = policy.load()
+        self.reference = None
+        if loss.kl_coef > 0:
+            self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+
+    def configure_optimizers(self):
+        opt = self.optimizer_factory(self.policy.parameters())
+        if self.scheduler_factory is None:
+            return opt
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
+
+    @property
+    def rollouts(self):
+        return self.trainer.datamodule
+
+    def _logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs(model, batch.input_ids, batch.attention_mask)
+
+    def training_step(self, rows: list[dict[str, Any]], batch_idx: int) -> None:
+        start = time.perf_counter()
+        self.rollouts.bind(self.policy, self.tokenizer)
+        batch = self.rollouts.generate_experience(rows).to(self.device)
+        logs = {**self.rollout_metrics(batch, "train"), "perf/generation_s": self.rollouts.last_generation_s}
+        if self.dynamic_sampling:
+            keep = nonzero_variance_groups(batch)
+            logs["train/kept_frac"] = keep.float().mean().item()
+            if not keep.any():
+                self.log_dict(logs, batch_size=len(rows))
+                return
+            batch = batch.select(keep)
+
+        single_update = self.ppo_epochs * self.num_minibatches == 1
+        with torch.no_grad():
+            old_logp = None if single_update else self._logprobs(self.policy, batch)[0]
+            ref_logp = self._logprobs(self.reference, batch)[0] if self.reference is not None else None
+        credit = self.credit(batch)
+        advantages, mask = credit.advantages, batch.response_mask
+
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        gap, entropy, updates = [], [], []
+        for epoch in range(self.ppo_epochs):
+            order = torch.randperm(len(batch), device=self.device)
+            for idx in order.chunk(self.num_minibatches):
+                mb = batch.select(idx)
+                logp, ent = self._logprobs(self.policy, mb)
+                old = logp.detach() if single_update else old_logp[idx]
+                loss, metrics = self.loss(logp, old, advantages[idx], mask[idx],
+                                          ref_logp[idx] if ref_logp is not None else None)
+                opt.zero_grad()
+                self.manual_backward(loss)
+                metrics["train/grad_norm"] = self._clip(opt)
+                opt.step()
+                updates.append(metrics)
+                if epoch == 0:
+                    gap.append(masked_mean((old - mb.behaviour_logprobs).abs(), mask[idx]))
+                    entropy.append(masked_mean(ent.detach(), mask[idx]))
+        if sched is not None:
+            sched.step()
+        self.rollouts.sync_weights(self.policy)
+
+        logprob_gap = torch.stack(gap).mean().item()
+        if self.max_logprob_gap is not None and logprob_gap > self.max_logprob_gap:
+            raise RuntimeError(f"engine/trainer log-prob gap {logprob_gap:.3g} > method.max_logprob_gap="
+                               f"{self.max_logprob_gap}: the engine is sampling from stale weights (weight sync "
+                               "did not take)")
+        elapsed = time.perf_counter() - start
+        logs.update({k: sum(m[k] for m in updates) / len(updates) for k in updates[0]})
+        logs.update(credit.metrics)
+        logs.update({
+            "train/engine_logprob_gap": logprob_gap,
+            "train/entropy": torch.stack(entropy).mean().item(),
+            "train/lr": opt.param_groups[0]["lr"],
+            "perf/step_s": elapsed,
+            "perf/tokens_per_s": batch.attention_mask.sum().item() / elapsed,
+        })
+        self.log_dict(logs, batch_size=len(rows), prog_bar=False)
+        self.log("reward", logs["train/reward/mean"], prog_bar=True, logger=False, batch_size=len(rows))
+
+    def _clip(self, opt) -> float:
+        params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        return float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
+
+    @staticmethod
+    def rollout_metrics(batch: RolloutBatch, stage: str) -> dict[str, float]:
+        scores = batch.scores
+        lengths = batch.response_mask.sum(-1)
+        return {
+            f"{stage}/reward/mean": scores.mean().item(),
+            f"{stage}/reward/std": scores.std().item() if len(scores) > 1 else 0.0,
+            **{f"{stage}/reward/{k}": v.float().mean().item() for k, v in batch.reward_parts.items() if v.dim() == 1},
+            f"{stage}/zero_variance_groups": 1.0 - nonzero_variance_groups(batch).float().mean().item(),
+            f"{stage}/response_length": lengths.mean().item(),
+            f"{stage}/truncated": sum(f[-1] == "length" for m in batch.metadata for f in [m["finish"]]) / len(batch),
+        }
+
+    def validation_step(self, rows: list[dict[str, Any]], batch_idx: int) -> None:
+        self.rollouts.bind(self.policy, self.tokenizer)
+        batch = self.rollouts.generate_experience(rows, self.rollouts.val_sampling)
+        logs = self.rollout_metrics(batch, "val")
+        logs.pop("val/zero_variance_groups")
+        self.log_dict(logs, batch_size=len(rows), prog_bar=False)
+        self.log("val_reward", logs["val/reward/mean"], prog_bar=True, logger=False, batch_size=len(rows))

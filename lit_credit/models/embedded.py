@@ -1,0 +1,102 @@
+"""The embedded default policy: a ~1M-parameter Llama and its tokenizer, built and warm-started locally."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lit_credit.models.sft import SFTModule, collate_demonstrations, encode_demonstration
+from lit_credit.models.tokenizer import build_tokenizer
+from lit_credit.rollout.chat import ChatCodec
+from lit_credit.tasks.base import Task
+
+log = logging.getLogger(__name__)
+_RECIPE_VERSION = 1  # bump when the build recipe changes, so stale caches are not reused
+
+
+def _task_identity(task: Task) -> dict:
+    return {"class": type(task).__qualname__,
+            **{k: v for k, v in sorted(vars(task).items()) if isinstance(v, (int, float, str, bool))}}
+
+
+class EmbeddedPolicy:
+    """Builds once, then reuses, an SFT-warm-started tiny policy for ``task`` under ``cache_dir``.
+
+    Recipe: a byte-level BPE tokenizer trained on the task corpus (digits split), a Llama decoder
+    (``hidden_size`` x ``num_layers``, tied embeddings), then ``sft_steps`` of supervised training on
+    the task's gold demonstrations. The directory name hashes the whole recipe; it is written to a
+    temporary directory and renamed, so a crash never leaves a half-built cache behind.
+    """
+
+    def __init__(self, task: Task, cache_dir: str = ".cache/lit-credit", vocab_size: int = 512,
+                 hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4, intermediate_size: int = 384,
+                 max_positions: int = 1024, sft_steps: int = 150, sft_batch_size: int = 32, sft_lr: float = 3e-3,
+                 seed: int = 0) -> None:
+        self.task, self.cache_dir = task, cache_dir
+        self.recipe = {"vocab_size": vocab_size, "hidden_size": hidden_size, "num_layers": num_layers,
+                       "num_heads": num_heads, "intermediate_size": intermediate_size,
+                       "max_positions": max_positions, "sft_steps": sft_steps, "sft_batch_size": sft_batch_size,
+                       "sft_lr": sft_lr, "seed": seed}
+
+    @property
+    def path(self) -> Path:
+        key = json.dumps({"v": _RECIPE_VERSION, "task": _task_identity(self.task), **self.recipe}, sort_keys=True)
+        digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+        return Path(self.cache_dir).expanduser().resolve() / "embedded" / f"{self.task.name}-{digest}"
+
+    def build(self) -> Path:
+        target = self.path
+        if (target / "config.json").exists():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        log.info("building the embedded policy at %s (once; later runs reuse it)", target)
+        r = self.recipe
+        with torch.random.fork_rng():
+            torch.manual_seed(r["seed"])
+            tokenizer = build_tokenizer(self.task.corpus(), vocab_size=r["vocab_size"])
+            config = LlamaConfig(
+                vocab_size=len(tokenizer), hidden_size=r["hidden_size"], intermediate_size=r["intermediate_size"],
+                num_hidden_layers=r["num_layers"], num_attention_heads=r["num_heads"],
+                num_key_value_heads=r["num_heads"], max_position_embeddings=r["max_positions"],
+                tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+            )
+            model = LlamaForCausalLM(config)
+            if r["sft_steps"] > 0:
+                self._sft(model, tokenizer)
+        tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+        try:
+            model.generation_config.pad_token_id = tokenizer.pad_token_id
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / "recipe.json").write_text(json.dumps({"task": _task_identity(self.task), **r}, indent=2))
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+    def _sft(self, model: torch.nn.Module, tokenizer) -> None:
+        r = self.recipe
+        codec = ChatCodec(tokenizer)
+        demos = [encode_demonstration(codec, d)
+                 for d in self.task.demonstrations(r["sft_steps"] * r["sft_batch_size"], seed=r["seed"] + 1)]
+        loader = torch.utils.data.DataLoader(
+            demos, batch_size=r["sft_batch_size"], shuffle=True,
+            collate_fn=partial(collate_demonstrations, pad_id=codec.pad_id),
+            generator=torch.Generator().manual_seed(r["seed"]),
+        )
+        trainer = L.Trainer(max_steps=r["sft_steps"], accelerator="cpu", devices=1, logger=False,
+                            enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0)
+        trainer.fit(SFTModule(model, lr=r["sft_lr"], total_steps=r["sft_steps"]), loader)

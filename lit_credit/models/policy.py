@@ -1,0 +1,36 @@
+"""Where the policy comes from: a local HF causal-LM directory, or the embedded default."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lit_credit.models.embedded import EmbeddedPolicy
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class PolicySource:
+    """Loads ``(model, tokenizer)`` with ``from_pretrained`` from ``path``, or from the embedded policy's
+    cache (built on first use) when ``path`` is None. Never touches a model hub.
+    """
+
+    def __init__(self, path: str | None = None, embedded: EmbeddedPolicy | None = None, dtype: str = "float32") -> None:
+        if path is None and embedded is None:
+            raise ValueError("model.path is null and model.embedded is null: give a local HF model directory "
+                             "as model.path=/dir, or keep the default embedded policy")
+        if dtype not in _DTYPES:
+            raise ValueError(f"model.dtype={dtype!r}: use one of {sorted(_DTYPES)}")
+        self.path, self.embedded, self.dtype = path, embedded, dtype
+
+    def resolve(self) -> str:
+        return str(self.path) if self.path is not None else str(self.embedded.build())
+
+    def load(self) -> tuple[torch.nn.Module, Any]:
+        where = self.resolve()
+        tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=_DTYPES[self.dtype], local_files_only=True)
+        return model, tokenizer

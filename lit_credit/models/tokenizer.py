@@ -1,0 +1,59 @@
+"""The embedded tokenizer: byte-level BPE trained locally on the task corpora, with a Hermes chat template."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+PAD, BOS_TURN, EOS_TURN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = [PAD, BOS_TURN, EOS_TURN]
+# Structural tags stay in decoded text (skip_special_tokens never removes them), as in Qwen/Hermes.
+TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+# Hermes / Qwen2.5 layout. A "tool" message is rendered as a user turn holding a <tool_response> block.
+CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
+    "</tools>\nCall tools inside <tool_call></tool_call> as JSON {\"name\": ..., \"arguments\": ...}.<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ message['content'] }}\n</tool_response><|im_end|>\n"
+    "{% else %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on ``corpus`` (deterministic for a fixed corpus order).
+
+    Digits are split one per token so numbers are spelled digit by digit; every byte is in the
+    alphabet, so no text is ever out of vocabulary.
+    """
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS_TURN,
+        pad_token=PAD,
+        unk_token=None,
+        padding_side="left",
+        chat_template=CHAT_TEMPLATE,
+        additional_special_tokens=[BOS_TURN],
+    )
+    fast.add_tokens(TAG_TOKENS)  # non-special: kept when decoding with skip_special_tokens=True
+    return fast

@@ -1,0 +1,15 @@
+"""The Reward protocol: one finished episode in, named reward parts out (``score`` is the total)."""
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Reward(Protocol):
+    """Scores one episode. ``replies`` are the assistant turns' texts, in order.
+
+    Returns a dict of floats that always holds ``score``; other keys are logged as reward parts.
+    Bad model output is never an exception: it scores 0 and the reason is a part (e.g. ``format``).
+    """
+
+    def __call__(self, row: dict[str, Any], replies: list[str]) -> dict[str, float]: ...

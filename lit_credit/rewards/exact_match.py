@@ -1,0 +1,26 @@
+"""Exact-match verifier for integer answers."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_INT = re.compile(r"-?\d+")
+
+
+def parse_final_integer(text: str) -> int | None:
+    """The last integer in ``text`` (sign included), or None when there is none."""
+    found = _INT.findall(text)
+    return int(found[-1]) if found else None
+
+
+class ExactMatchReward:
+    """``score = 1`` when the last integer of the final reply equals ``row['answer']``, else 0.
+
+    Parts: ``correct`` (same as score), ``format`` (1 when the reply is exactly one integer).
+    """
+
+    def __call__(self, row: dict[str, Any], replies: list[str]) -> dict[str, float]:
+        reply = replies[-1].strip() if replies else ""
+        value = parse_final_integer(reply)
+        correct = float(value is not None and str(value) == str(row["answer"]).strip())
+        return {"score": correct, "correct": correct, "format": float(bool(_INT.fullmatch(reply)))}

@@ -1,0 +1,105 @@
+"""The RolloutEngine protocol and the HF ``generate`` engine."""
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from lit_credit.types import Completion, SamplingParams
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Samples continuations of token prompts with behaviour log-probs.
+
+    ``bind`` hands the engine the trainer's policy once; ``update_weights`` is called after every
+    optimiser step (the engine must then sample from the new weights); ``sleep``/``wake`` free and
+    restore engine memory between rollout phases (no-ops where meaningless).
+    """
+
+    def bind(self, model: torch.nn.Module, tokenizer: Any) -> None: ...
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]: ...
+
+    def update_weights(self, model: torch.nn.Module) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+
+class HFEngine:
+    """``model.generate`` with KV cache on the trainer's own policy: no weight copy, so sync is a no-op.
+
+    Behaviour log-probs are taken from the raw (temperature 1, unfiltered) logits of each sampled token,
+    the distribution the trainer recomputes.
+    """
+
+    def __init__(self, batch_size: int = 256) -> None:
+        self.batch_size = batch_size
+        self.model: torch.nn.Module | None = None
+        self.tokenizer: Any = None
+
+    def bind(self, model: torch.nn.Module, tokenizer: Any) -> None:
+        self.model, self.tokenizer = model, tokenizer
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        if model is not self.model:
+            self.model = model
+
+    def sleep(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        if self.model is None:
+            raise RuntimeError("HFEngine.generate before bind(model, tokenizer)")
+        flat = [p for p in prompts for _ in range(sampling.n)]
+        out: list[Completion] = []
+        for start in range(0, len(flat), self.batch_size):
+            out.extend(self._generate(flat[start:start + self.batch_size], sampling))
+        return [out[i * sampling.n:(i + 1) * sampling.n] for i in range(len(prompts))]
+
+    def _generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
+        model, tok = self.model, self.tokenizer
+        device = next(model.parameters()).device
+        pad, eos = tok.pad_token_id, tok.eos_token_id
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for row, p in enumerate(prompts):  # left padding for generation
+            ids[row, width - len(p):] = torch.tensor(p)
+            attn[row, width - len(p):] = 1
+        was_training = model.training
+        model.eval()
+        try:
+            gen = model.generate(
+                input_ids=ids.to(device), attention_mask=attn.to(device),
+                do_sample=not sampling.greedy, temperature=sampling.temperature if not sampling.greedy else None,
+                top_p=sampling.top_p if not sampling.greedy else None, top_k=None if not sampling.greedy else None,
+                max_new_tokens=sampling.max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+                stop_strings=list(sampling.stop) or None, tokenizer=tok if sampling.stop else None,
+                output_logits=True, return_dict_in_generate=True,
+            )
+        finally:
+            model.train(was_training)
+        new = gen.sequences[:, width:].cpu()
+        logprobs = torch.stack(gen.logits, 1).float().log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        return [self._completion(row, lp, sampling.stop) for row, lp in zip(new.tolist(), logprobs.tolist())]
+
+    def _completion(self, tokens: list[int], logprobs: list[float], stop: tuple[str, ...]) -> Completion:
+        """Cut a generated row at its first eos (kept) or pad (dropped), then at the earliest stop string."""
+        tok = self.tokenizer
+        ends = [i for i, t in enumerate(tokens) if t in (tok.eos_token_id, tok.pad_token_id)]
+        length, reason = len(tokens), "length"
+        if ends:
+            length, reason = ends[0] + (tokens[ends[0]] == tok.eos_token_id), "stop"
+        text = tok.decode(tokens[:length], skip_special_tokens=True)
+        if stop and any(s in text for s in stop):
+            length = next(k for k in range(1, length + 1)
+                          if any(s in tok.decode(tokens[:k], skip_special_tokens=True) for s in stop))
+            text, reason = tok.decode(tokens[:length], skip_special_tokens=True), "stop"
+        return Completion(tokens[:length], logprobs[:length], text, reason)

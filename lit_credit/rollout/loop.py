@@ -1,0 +1,109 @@
+"""The multi-turn rollout loop: the engine samples assistant turns, the environment injects feedback.
+
+Policy tokens get response mask 1 and their turn index; prompt and injected tokens get mask 0 and turn -1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from lit_credit.rollout.chat import ChatCodec
+from lit_credit.rollout.engine import RolloutEngine
+from lit_credit.tasks.base import Environment
+from lit_credit.types import Completion, RolloutBatch, SamplingParams
+
+
+@dataclass
+class Episode:
+    row: dict[str, Any]
+    group: int
+    token_ids: list[int]
+    response_mask: list[int] = field(default_factory=list)
+    turn_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)
+    turn_scores: list[float | None] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        pad = len(self.token_ids) - len(self.response_mask)
+        self.response_mask += [0] * pad
+        self.turn_ids += [-1] * pad
+        self.logprobs += [0.0] * pad
+
+    def add_reply(self, completion: Completion, turn: int) -> None:
+        n = len(completion.token_ids)
+        self.token_ids += completion.token_ids
+        self.response_mask += [1] * n
+        self.turn_ids += [turn] * n
+        self.logprobs += completion.logprobs
+        self.replies.append(completion.text)
+        self.finish_reasons.append(completion.finish_reason)
+
+    def add_feedback(self, ids: list[int]) -> None:
+        self.token_ids += ids
+        self.response_mask += [0] * len(ids)
+        self.turn_ids += [-1] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+
+def run_episodes(engine: RolloutEngine, codec: ChatCodec, env: Environment, rows: list[dict[str, Any]],
+                 group_ids: list[int], sampling: SamplingParams, max_turns: int = 1) -> list[Episode]:
+    """``sampling.n`` episodes per row (grouped by ``group_ids``), each up to ``max_turns`` assistant turns."""
+    prompts = [codec.prompt_ids(r["prompt"], r.get("tools")) for r in rows]
+    episodes = [Episode(row=r, group=g, token_ids=list(p))
+                for r, g, p in zip(rows, group_ids, prompts) for _ in range(sampling.n)]
+    completions = [c for per_prompt in engine.generate(prompts, sampling) for c in per_prompt]
+    active = list(range(len(episodes)))
+    for turn in range(max_turns):
+        still = []
+        for i, completion in zip(active, completions):
+            ep = episodes[i]
+            ep.add_reply(completion, turn)
+            fb = env.step(ep.row, turn, completion.text)
+            ep.turn_scores.append(fb.score)
+            if fb.done or turn == max_turns - 1:
+                continue
+            closed = bool(completion.token_ids) and completion.token_ids[-1] == codec.eos_id
+            ep.add_feedback(codec.feedback_ids(fb.messages, reply_closed=closed))
+            still.append(i)
+        active = still
+        if not active:
+            break
+        follow = engine.generate([episodes[i].token_ids for i in active], replace(sampling, n=1))
+        completions = [per_prompt[0] for per_prompt in follow]
+    return episodes
+
+
+def to_batch(episodes: list[Episode], rewards: list[dict[str, float]], pad_id: int) -> RolloutBatch:
+    """Right-pad episodes into a RolloutBatch; ``rewards[i]`` holds episode i's parts (``score`` required)."""
+    width = max(len(e.token_ids) for e in episodes)
+
+    def pad(key: str, value: float, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([getattr(e, key) + [value] * (width - len(e.token_ids)) for e in episodes], dtype=dtype)
+
+    input_ids = pad("token_ids", pad_id, torch.long)
+    lengths = torch.tensor([len(e.token_ids) for e in episodes])
+    attention_mask = (torch.arange(width) < lengths[:, None]).long()
+    num_turns = max(len(e.turn_scores) for e in episodes)
+    turn_mask = torch.tensor([[k < len(e.turn_scores) for k in range(num_turns)] for e in episodes])
+    turn_scores = None
+    if any(s is not None for e in episodes for s in e.turn_scores):
+        turn_scores = torch.tensor([[float(e.turn_scores[k] or 0.0) if k < len(e.turn_scores) else 0.0
+                                     for k in range(num_turns)] for e in episodes])
+    parts = {k: torch.tensor([float(r[k]) for r in rewards]) for k in rewards[0] if k != "score"}
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=pad("response_mask", 0, torch.float),
+        turn_ids=pad("turn_ids", -1, torch.long),
+        group_ids=torch.tensor([e.group for e in episodes], dtype=torch.long),
+        behaviour_logprobs=pad("logprobs", 0.0, torch.float),
+        scores=torch.tensor([float(r["score"]) for r in rewards]),
+        reward_parts=parts,
+        turn_scores=turn_scores,
+        turn_mask=turn_mask,
+        metadata=[{"id": e.row.get("id"), "replies": e.replies, "finish": e.finish_reasons} for e in episodes],
+    )

@@ -1,0 +1,109 @@
+"""Shared records passed between rollout, credit, losses and methods.
+
+Shapes: ``B`` rollouts, ``T`` tokens (prompt + response, right-padded), ``K`` turns.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class CreditOutput:
+    """What every credit estimator returns.
+
+    advantages: [B, T] float, zero wherever ``response_mask == 0``.
+    parts: named per-rollout ([B]) or per-turn ([B, K]) intermediate credits (e.g. ``tool``, ``summary``).
+    metrics: scalar diagnostics to log (plain floats).
+    """
+
+    advantages: Tensor
+    parts: dict[str, Tensor] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SamplingParams:
+    """How the engine samples. ``n`` samples per prompt; ``stop`` strings end a turn."""
+
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 32
+    stop: tuple[str, ...] = ()
+    greedy: bool = False
+
+
+@dataclass
+class Completion:
+    """One sampled continuation of one prompt.
+
+    token_ids: [L] generated ids (stop token included when generated).
+    logprobs: [L] behaviour log-probs of those ids under the engine's raw (temperature 1) distribution.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str = "stop"  # "stop" | "length"
+
+
+@dataclass
+class RolloutBatch:
+    """A batch of finished rollouts, prompt and response concatenated and right-padded.
+
+    input_ids: [B, T] long.
+    attention_mask: [B, T] long, 1 on real tokens.
+    response_mask: [B, T] float, 1 on policy-generated (learnable) tokens; prompt, padding and
+        environment-injected tokens (tool responses, verifier feedback) are 0.
+    turn_ids: [B, T] long, assistant turn index k on policy tokens, -1 elsewhere.
+    group_ids: [B] long, one id per prompt, minted per step (never derived from text).
+    behaviour_logprobs: [B, T] float, engine log-probs of the sampled tokens (0 off the response mask);
+        position t holds log p(input_ids[t] | input_ids[:t]).
+    scores: [B] float, the total reward of each rollout.
+    reward_parts: name -> [B] (or [B, K] for per-turn scores) float components of the reward.
+    turn_scores: [B, K] float per-turn verifier scores (0 where ``turn_mask`` is 0), or None.
+    turn_mask: [B, K] bool, True where rollout i reached turn k, or None.
+    metadata: one dict per rollout (texts, task fields); never used for grouping.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    response_mask: Tensor
+    turn_ids: Tensor
+    group_ids: Tensor
+    behaviour_logprobs: Tensor
+    scores: Tensor
+    reward_parts: dict[str, Tensor] = field(default_factory=dict)
+    turn_scores: Tensor | None = None
+    turn_mask: Tensor | None = None
+    metadata: list[dict[str, Any]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def _map(self, fn) -> "RolloutBatch":
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor):
+                out[f.name] = fn(v)
+            elif isinstance(v, dict):
+                out[f.name] = {k: fn(t) for k, t in v.items()}
+            else:
+                out[f.name] = v
+        return replace(self, **out)
+
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        return self._map(lambda t: t.to(device))
+
+    def select(self, index: Tensor) -> "RolloutBatch":
+        """Rows ``index`` (a [N] long or [B] bool tensor) of every per-rollout field."""
+        if index.dtype == torch.bool:
+            index = index.nonzero().squeeze(-1)
+        picked = self._map(lambda t: t[index.to(t.device)])
+        rows = index.tolist()
+        return replace(picked, metadata=[self.metadata[i] for i in rows] if self.metadata else [])

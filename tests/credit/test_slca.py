@@ -1,0 +1,285 @@
+"""SLCA-GRPO segment credit and the ToolPO baseline (methods.md §1)."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lit_credit.credit import (
+    SLCACredit,
+    ToolPOCredit,
+    grpo_advantages,
+    segment_masks,
+    slca_advantages,
+    toolpo_advantages,
+)
+
+from .common import (
+    DEVICES,
+    DTYPES,
+    PROPS,
+    TOL,
+    build_runs,
+    ids,
+    make_batch,
+    ref_group_normalize,
+    ref_runs,
+    run_layouts,
+    t,
+)
+
+INV_SQRT2 = 0.2 / (0.08**0.5 + 1e-6)  # Norm([0.8, 0.4]) = +-0.2 / (sqrt(0.08) + 1e-6) = +-0.70710428
+
+
+def ref_slca(process, summary, mask, gids, score=None, flag=None, w_process=1.0, w_summary=1.0):
+    """Loop reference of slca_advantages."""
+    b, n_tok = mask.shape
+    tool = torch.zeros(b, n_tok, dtype=torch.bool)
+    summ = torch.zeros(b, n_tok, dtype=torch.bool)
+    s_tool, s_sum = process.tolist(), summary.tolist()
+    for i in range(b):
+        run, n_runs = ref_runs(mask[i])
+        for j in range(n_tok):
+            if run[j] >= 0:
+                summ[i, j] = run[j] == n_runs - 1
+                tool[i, j] = run[j] < n_runs - 1
+        if (flag is not None and flag[i]) or (score is not None and score[i] < 0):
+            s_tool[i], s_sum[i] = 0.0, float(score[i])
+    a_tool = w_process * ref_group_normalize(s_tool, gids, tool.any(1))
+    a_sum = w_summary * ref_group_normalize(s_sum, gids, summ.any(1))
+    out = torch.zeros(b, n_tok, dtype=torch.float64)
+    for i in range(b):
+        for j in range(n_tok):
+            out[i, j] = a_tool[i] if tool[i, j] else a_sum[i] if summ[i, j] else 0.0
+    return out, a_tool, a_sum
+
+
+# --- hand-computed tables ---------------------------------------------------------------------------
+
+
+def test_segment_masks_table():
+    mask = t(
+        [
+            [0, 0, 0, 0, 0, 0],  # 0 runs: no segment
+            [0, 1, 1, 0, 0, 0],  # 1 run: the summary, no tool segment
+            [1, 1, 0, 1, 0, 1],  # 3 runs: {0, 1} and {3} are tool, the last run {5} is the summary
+            [0, 1, 0, 0, 1, 1],  # 2 runs: {1} tool, {4, 5} summary
+        ],
+        torch.float32,
+    )
+    tool, summ = segment_masks(mask)
+    assert tool.dtype == summ.dtype == torch.bool
+    assert tool.int().tolist() == [[0] * 6, [0] * 6, [1, 1, 0, 1, 0, 0], [0, 1, 0, 0, 0, 0]]
+    assert summ.int().tolist() == [[0] * 6, [0, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 1, 1]]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_anchor_example(dtype, device):
+    # methods.md anchor: one group of two, both with both segments; process [0.8, 0.4], summary [0.9, 0.5].
+    # A_tool = Norm([0.8, 0.4]): mean 0.6, unbiased std sqrt((0.04 + 0.04) / 1) = 0.28284271
+    #   -> +-0.2 / (0.28284271 + 1e-6) = +-0.70710428 (1/sqrt(2) up to eps); A_sum: same deviations, same values.
+    # tokens: prompt, tool call x2, tool response, summary, pad
+    mask = t([[0, 1, 1, 0, 1, 0]] * 2, torch.float32).to(device)
+    out = slca_advantages(
+        t([0.8, 0.4], dtype).to(device), t([0.9, 0.5], dtype).to(device), mask, ids([0, 0]).to(device)
+    )
+    a = INV_SQRT2
+    assert a == pytest.approx(2**-0.5, abs=5e-6)
+    expected = t([[0, a, a, 0, a, 0], [0, -a, -a, 0, -a, 0]], dtype)
+    assert out.advantages.dtype == dtype and out.advantages.device.type == device
+    torch.testing.assert_close(out.advantages.cpu(), expected, **TOL[dtype])
+    torch.testing.assert_close(out.parts["tool"].cpu(), t([a, -a], dtype), **TOL[dtype])
+    torch.testing.assert_close(out.parts["summary"].cpu(), t([a, -a], dtype), **TOL[dtype])
+    assert out.metrics["credit/tool/adv_mean"] == pytest.approx(0.0, abs=1e-6)
+    assert out.metrics["credit/tool_present_frac"] == 1.0
+
+
+def test_weights_apply_after_normalisation():
+    # w_process 2, w_summary 0.5 on the anchor: tool +-2 * 0.70710428, summary +-0.5 * 0.70710428
+    # (weights applied before Norm would cancel: Norm(2x) = Norm(x) up to eps)
+    mask = t([[1, 0, 1]] * 2, torch.float32)
+    out = slca_advantages(t([0.8, 0.4]), t([0.9, 0.5]), mask, ids([0, 0]), w_process=2.0, w_summary=0.5)
+    a = INV_SQRT2
+    torch.testing.assert_close(out.advantages, t([[2 * a, 0, 0.5 * a], [-2 * a, 0, -0.5 * a]]))
+
+
+def test_dr_grpo_variant_only_centres():
+    # norm_by_std False on the anchor: tool [0.8, 0.4] - 0.6 = +-0.2, summary [0.9, 0.5] - 0.7 = +-0.2
+    out = slca_advantages(t([0.8, 0.4]), t([0.9, 0.5]), t([[1, 0, 1]] * 2), ids([0, 0]), norm_by_std=False)
+    torch.testing.assert_close(out.advantages, t([[0.2, 0, 0.2], [-0.2, 0, -0.2]]))
+
+
+def test_omission_guard():
+    # rollouts 0, 1 call a tool then summarise; rollout 2 should have called but answered directly (one run,
+    # read as a summary), score -0.5. s_tool = [0.8, 0.4, 0], s_sum = [0.9, 0.5, -0.5].
+    # A_tool over the tool-present {0, 1}: +-0.70710428; rollout 2 has no tool segment -> 0.
+    # A_sum over all three: mean 0.3, deviations [0.6, 0.2, -0.8], var (0.36 + 0.04 + 0.64) / 2 = 0.52,
+    #   std 0.72111026 -> [0.83204914, 0.27734971, -1.10939885]
+    mask = t([[0, 1, 0, 1], [0, 1, 0, 1], [0, 1, 1, 0]], torch.float32)
+    process, summary, score = t([0.8, 0.4, 0.9]), t([0.9, 0.5, 0.7]), t([1.7, 0.9, -0.5])
+    a = INV_SQRT2
+    expected = t([[0, a, 0, 0.83204914], [0, -a, 0, 0.27734971], [0, -1.10939885, -1.10939885, 0]])
+    flag = t([0, 0, 1])
+    # the guard fires on the flag, and on score < 0 alone
+    for kw in (dict(score_total=score, should_call_but_no_call=flag), dict(score_total=score)):
+        out = slca_advantages(process, summary, mask, ids([1, 1, 1]), **kw)
+        torch.testing.assert_close(out.advantages, expected, rtol=0, atol=1e-7)
+        assert out.metrics["credit/omission_frac"] == pytest.approx(1 / 3)
+    # the omitted rollout also has a tool-looking segment: s_tool = [0.8, 0.4, 0], mean 0.4, std 0.4
+    #   -> [0.4, 0, -0.4] / (0.4 + 1e-6) = [0.9999975, 0, -0.9999975]
+    out = slca_advantages(process, summary, t([[0, 1, 0, 1]] * 3), ids([1, 1, 1]), score_total=score)
+    b = 0.4 / (0.4 + 1e-6)
+    torch.testing.assert_close(out.parts["tool"], t([b, 0, -b]))
+    with pytest.raises(ValueError, match="score_total"):
+        slca_advantages(process, summary, mask, ids([1, 1, 1]), should_call_but_no_call=flag)
+
+
+def test_presence_guard_single_tool_segment():
+    # only rollout 0 has a tool segment -> A_tool = 0 for the whole group; summaries still normalised:
+    # Norm([0.9, 0.5]) = +-0.70710428
+    mask = t([[1, 0, 1], [0, 0, 1]], torch.float32)
+    out = slca_advantages(t([0.8, 0.4]), t([0.9, 0.5]), mask, ids([0, 0]))
+    a = INV_SQRT2
+    torch.testing.assert_close(out.advantages, t([[0, 0, a], [0, 0, -a]]))
+    assert out.parts["tool"].tolist() == [0, 0]
+
+
+def test_summary_change_moves_grpo_tool_credit_but_not_slca():
+    # 3 rollouts, tool call then summary. GRPO on the total score (process + summary) moves tool-token credit
+    # when only a summary score changes; SLCA does not.
+    mask = t([[1, 0, 1]] * 3, torch.float32)
+    process, gids = t([0.8, 0.4, 0.6]), ids([0, 0, 0])
+    before, after = t([0.9, 0.5, 0.2]), t([0.9, 0.5, 0.9])
+    slca = [slca_advantages(process, s, mask, gids).advantages[:, 0] for s in (before, after)]
+    grpo = [grpo_advantages(process + s, mask, gids).advantages[:, 0] for s in (before, after)]
+    torch.testing.assert_close(slca[0], slca[1], rtol=0, atol=0)
+    assert (grpo[0] - grpo[1]).abs().max() > 0.1
+
+
+def test_toolpo():
+    # process [0.8, 0.4] -> A_tool +-0.70710428; total [1.7, 0.9]: mean 1.3, std sqrt(0.32) = 0.56568542
+    #   -> A_global = +-0.4 / (0.56568542 + 1e-6) = +-0.70710553.
+    # tool tokens A_global + lam * A_tool, summary tokens A_global.
+    mask = t([[0, 1, 0, 1]] * 2, torch.float32)
+    g, a = 0.4 / (0.32**0.5 + 1e-6), INV_SQRT2
+    for lam in (1.0, 0.5):
+        out = toolpo_advantages(t([0.8, 0.4]), t([1.7, 0.9]), mask, ids([2, 2]), lam=lam)
+        torch.testing.assert_close(out.advantages, t([[0, g + lam * a, 0, g], [0, -g - lam * a, 0, -g]]))
+        torch.testing.assert_close(out.parts["rollout"], t([g, -g]))
+    # omission: rollout 1 flagged -> s_tool = 0: still +-Norm([0.8, 0]) = +-0.4 / (0.56568542 + 1e-6)
+    out = toolpo_advantages(
+        t([0.8, 0.4]), t([1.7, -0.5]), mask, ids([2, 2]), should_call_but_no_call=t([0, 1])
+    )
+    torch.testing.assert_close(out.parts["tool"], t([g, -g]))
+
+
+def _batch(process, summary, mask, gids, **parts):
+    return make_batch(
+        mask, gids, process + summary, reward_parts={"process": process, "summary": summary, **parts}
+    )
+
+
+def test_registered_classes_read_reward_parts():
+    mask = t([[0, 1, 0, 1], [0, 1, 0, 1], [0, 1, 1, 0]], torch.float32)
+    process, summary = t([0.8, 0.4, 0.9]), t([0.9, 0.5, 0.7])
+    batch = _batch(process, summary, mask, ids([1, 1, 1]), score=t([1.7, 0.9, -0.5]))
+    want = slca_advantages(
+        process, summary, mask, ids([1, 1, 1]), score_total=t([1.7, 0.9, -0.5]), w_summary=2.0
+    )
+    torch.testing.assert_close(SLCACredit(w_summary=2.0)(batch).advantages, want.advantages)
+    # without reward_parts["score"] the omission guard reads batch.scores (here process + summary, all >= 0)
+    del batch.reward_parts["score"]
+    torch.testing.assert_close(
+        SLCACredit()(batch).advantages, slca_advantages(process, summary, mask, ids([1] * 3)).advantages
+    )
+    want = toolpo_advantages(process, process + summary, mask, ids([1, 1, 1]), lam=0.3)
+    torch.testing.assert_close(ToolPOCredit(lam=0.3)(batch).advantages, want.advantages)
+
+
+# --- loop reference vs vectorised ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_matches_loop_reference(seed):
+    g = torch.Generator().manual_seed(seed)
+    b, n_tok = 24, 12
+    mask = (torch.rand(b, n_tok, generator=g) < 0.6).float()
+    process, summary = (
+        torch.rand(b, generator=g, dtype=torch.float64),
+        torch.rand(b, generator=g, dtype=torch.float64),
+    )
+    gids = torch.randint(0, 6, (b,), generator=g) * 5
+    flag = torch.rand(b, generator=g) < 0.2
+    score = torch.where(flag, -0.5, process + summary)
+    out = slca_advantages(
+        process, summary, mask, gids, score_total=score, should_call_but_no_call=flag, w_process=0.7
+    )
+    adv, a_tool, a_sum = ref_slca(process, summary, mask, gids, score, flag, w_process=0.7)
+    torch.testing.assert_close(out.advantages, adv)
+    torch.testing.assert_close(out.parts["tool"], a_tool)
+    torch.testing.assert_close(out.parts["summary"], a_sum)
+
+
+# --- properties ------------------------------------------------------------------------------------------
+
+
+@st.composite
+def slca_inputs(draw):
+    gids, rows = draw(run_layouts())
+    b = len(rows)
+    grid = st.lists(st.integers(0, 4), min_size=b, max_size=b)
+    return gids, rows, [p / 4 for p in draw(grid)], [s / 4 for s in draw(grid)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@PROPS
+@given(data=slca_inputs(), new_summary=st.lists(st.integers(0, 4), min_size=8, max_size=8))
+def test_property_segments_and_summary_independence(dtype, data, new_summary):
+    gids, rows, process, summary = data
+    mask, _ = build_runs(rows)
+    out = slca_advantages(t(process, dtype), t(summary, dtype), mask, ids(gids))
+    tool, summ = segment_masks(mask)
+    assert not (tool & summ).any() and torch.equal(tool | summ, mask.bool())
+    assert (out.advantages[mask == 0] == 0).all()
+    changed = slca_advantages(t(process, dtype), t(new_summary[: len(rows)], dtype) / 4, mask, ids(gids))
+    assert torch.equal(changed.advantages[tool], out.advantages[tool])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@PROPS
+@given(data=slca_inputs(), seed=st.integers(0, 2**16), labels=st.permutations([11, -4, 2**35]))
+def test_property_permutation_and_relabelling(dtype, data, seed, labels):
+    gids, rows, process, summary = data
+    mask, _ = build_runs(rows)
+    p, s, g = t(process, dtype), t(summary, dtype), ids(gids)
+    out = slca_advantages(p, s, mask, g).advantages
+    perm = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))
+    torch.testing.assert_close(slca_advantages(p[perm], s[perm], mask[perm], g[perm]).advantages, out[perm])
+    torch.testing.assert_close(slca_advantages(p, s, mask, ids(labels)[g]).advantages, out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@PROPS
+@given(data=slca_inputs(), shift=st.lists(st.floats(-5, 5), min_size=6, max_size=6))
+def test_property_group_constant_shift(dtype, data, shift):
+    gids, rows, process, summary = data
+    mask, _ = build_runs(rows)
+    g, c = ids(gids), t(shift, dtype)
+    out = slca_advantages(t(process, dtype), t(summary, dtype), mask, g).advantages
+    moved = slca_advantages(t(process, dtype) + c[:3][g], t(summary, dtype) + c[3:][g], mask, g).advantages
+    torch.testing.assert_close(moved, out, rtol=1e-4, atol=1e-4)
+
+
+@PROPS
+@given(
+    data=slca_inputs(),
+    extra=st.lists(st.lists(st.integers(0, 3), min_size=3, max_size=3), min_size=8, max_size=8),
+)
+def test_property_longer_observations_change_nothing(data, extra):
+    # more environment-injected (mask 0) tokens before any run: the learnable tokens keep their advantages
+    gids, rows, process, summary = data
+    (mask, _), (wider, _) = build_runs(rows), build_runs(rows, extra)
+    out = slca_advantages(t(process), t(summary), mask, ids(gids)).advantages
+    more = slca_advantages(t(process), t(summary), wider, ids(gids)).advantages
+    assert torch.equal(more[wider.bool()], out[mask.bool()]) and (more[wider == 0] == 0).all()

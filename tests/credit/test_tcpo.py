@@ -1,0 +1,421 @@
+"""TCPO turn credit (methods.md §2): retrospective, hindsight, counterfactual, presets, normalisation."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lit_credit.credit import (
+    TCPOCredit,
+    counterfactual_credit,
+    hindsight_credit,
+    retrospective_credit,
+    select_counterfactual_turns,
+    tcpo_turn_advantages,
+    turn_types,
+    turns_to_tokens,
+)
+from lit_credit.credit.tcpo import PRESETS, TURN_TYPES
+
+from .common import (
+    DEVICES,
+    DTYPES,
+    PROPS,
+    TOL,
+    build_runs,
+    ids,
+    make_batch,
+    ref_group_normalize,
+    run_layouts,
+    t,
+)
+
+NAN = float("nan")
+M = True  # reached
+_ = False  # not reached
+
+# One group of three rollouts, K = 3 (scores on unreached turns are junk that must be ignored):
+#   A improves 0.2 -> 0.7 -> 1.0; B fails twice and stops early (reached 2 turns); C solves at once (1 turn).
+GROUP_SCORES = [[0.2, 0.7, 1.0], [0.0, 0.0, 9.0], [1.0, -7.0, 9.0]]
+GROUP_MASK = [[M, M, M], [M, M, _], [M, _, _]]
+
+
+def bools(rows):
+    return torch.tensor(rows, dtype=torch.bool)
+
+
+# --- loop references -------------------------------------------------------------------------------------
+
+
+def ref_retro(scores, mask, tau=1.0, mu=0.1, rho=1.0, r0=0.0):
+    out = torch.zeros(scores.shape, dtype=torch.float64)
+    for i in range(scores.shape[0]):
+        seen = []
+        for k in range(scores.shape[1]):
+            if not mask[i, k]:
+                continue
+            r = float(scores[i, k])
+            m = max(seen) if seen else r0
+            solved = m >= tau
+            out[i, k] = max(r - m, 0) + mu * (solved and r >= tau) - rho * solved * max(m - r, 0)
+            seen.append(r)
+    return out
+
+
+def ref_hind(scores, mask, gids):
+    b, n_turns = scores.shape
+    future = torch.zeros(b, n_turns, dtype=torch.float64)
+    for i in range(b):
+        for k in range(n_turns):
+            if mask[i, k]:
+                future[i, k] = max(float(scores[i, t]) for t in range(k, n_turns) if mask[i, t])
+    out = torch.zeros(b, n_turns, dtype=torch.float64)
+    for k in range(n_turns):
+        out[:, k] = ref_group_normalize(future[:, k], gids, mask[:, k], norm_by_std=False)
+    return out
+
+
+def ref_tcpo(scores, mask, gids, alt, w=(1.0, 1.0, 1.0), eps=1e-6):
+    """Preset tcpo, normalize std: c = w . (retro, hind, cf), then c / (std of the group's reached c + eps)."""
+    retro, hind = ref_retro(scores, mask), ref_hind(scores, mask, gids)
+    b, n_turns = scores.shape
+    c = torch.zeros(b, n_turns, dtype=torch.float64)
+    for i in range(b):
+        for k in range(n_turns):
+            alts = [float(a) for a in alt[i, k] if not math.isnan(a)]
+            cf = float(scores[i, k]) - sum(alts) / len(alts) if alts else 0.0
+            c[i, k] = w[0] * retro[i, k] + w[1] * hind[i, k] + w[2] * cf
+    out = torch.zeros(b, n_turns, dtype=torch.float64)
+    for g in set(gids.tolist()):
+        cells = [(i, k) for i in range(b) for k in range(n_turns) if gids[i] == g and mask[i, k]]
+        if len(cells) < 2:
+            continue
+        std = torch.tensor([float(c[i, k]) for i, k in cells], dtype=torch.float64).std().item()
+        for i, k in cells:
+            out[i, k] = c[i, k] / (std + eps)
+    return out
+
+
+def ref_select(surprisal, mask, gids, top_l):
+    out = torch.zeros(mask.shape, dtype=torch.bool)
+    for g in set(gids.tolist()):
+        cells = [
+            (i, k) for i in range(mask.shape[0]) for k in range(mask.shape[1]) if gids[i] == g and mask[i, k]
+        ]
+        cells.sort(key=lambda ik: -float(surprisal[ik]))  # stable: ties keep (rollout, turn) order
+        for i, k in cells[:top_l]:
+            out[i, k] = True
+    return out
+
+
+# --- hand-computed tables ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_retrospective_table(dtype):
+    # tau 1, mu 0.1, rho 1, r0 0. m = best score before the turn (r0 for the first).
+    rows = [
+        [0.2, 0.7, 1.0],  # improvement: m [0, 0.2, 0.7] -> gains [0.2, 0.5, 0.3]
+        [1.0, 1.0, 1.0],  # maintenance: m [0, 1, 1] -> [1, 0 + mu, 0 + mu] = [1, 0.1, 0.1]
+        [1.0, 0.4, 1.0],  # regression after success: m [0, 1, 1] -> [1, -rho * 0.6, mu] = [1, -0.6, 0.1]
+        [0.5, 0.3, 0.6],  # drop before any success is free: m [0, 0.5, 0.5] -> [0.5, 0, 0.1]
+        [0.5, 9.0, 9.0],  # turns not reached -> 0
+    ]
+    mask = bools([[M, M, M]] * 4 + [[M, _, _]])
+    out = retrospective_credit(t(rows, dtype), mask)
+    want = [[0.2, 0.5, 0.3], [1, 0.1, 0.1], [1, -0.6, 0.1], [0.5, 0, 0.1], [0.5, 0, 0]]
+    torch.testing.assert_close(out, t(want, dtype), **TOL[dtype])
+
+
+def test_retrospective_r0_and_weights():
+    # r0 0.5 is the first turn's reference only: m [0.5, 0.2] -> [[0.2 - 0.5]_+, 0.7 - 0.2] = [0, 0.5]
+    out = retrospective_credit(t([[0.2, 0.7]]), bools([[M, M]]), r0=0.5)
+    torch.testing.assert_close(out, t([[0.0, 0.5]]))
+    # tau 0.5, mu 0.3, rho 2: [0.6, 0.6, 0.2] m [0, 0.6, 0.6] -> [0.6, mu, -rho * 0.4] = [0.6, 0.3, -0.8]
+    out = retrospective_credit(t([[0.6, 0.6, 0.2]]), bools([[M, M, M]]), tau=0.5, mu=0.3, rho=2.0)
+    torch.testing.assert_close(out, t([[0.6, 0.3, -0.8]]))
+
+
+def test_hindsight_table():
+    # H = best score from the turn on: A [1, 1, 1], B [0, 0, -], C [1, -, -]
+    # turn 0, reached by all: mean H = 2/3 -> [1/3, -2/3, 1/3]
+    # turn 1, reached by A and B: mean 0.5 -> [0.5, -0.5, 0]
+    # turn 2, reached by A only: presence guard -> 0
+    out = hindsight_credit(t(GROUP_SCORES), bools(GROUP_MASK), ids([4, 4, 4]))
+    torch.testing.assert_close(out, t([[1 / 3, 0.5, 0], [-2 / 3, -0.5, 0], [1 / 3, 0, 0]]))
+
+
+def test_counterfactual():
+    # turn 0: r 1, alternatives [0, 1, NaN] -> mean 0.5 -> cf 0.5; turn 1: nothing sampled -> 0
+    scores, alt = t([[1.0, 0.5]]), t([[[0, 1, NAN], [NAN, NAN, NAN]]])
+    torch.testing.assert_close(counterfactual_credit(scores, alt), t([[0.5, 0.0]]))
+    torch.testing.assert_close(counterfactual_credit(scores, alt, bools([[_, M]])), t([[0.0, 0.0]]))
+
+
+def test_select_counterfactual_turns():
+    # groups: {0, 1} and {2}; top_l 2 per group over reached turns.
+    # group 0 reached cells: (0,0) 3, (0,1) 1, (0,2) 2, (1,0) 5, (1,1) 0 [(1,2) not reached, surprisal 99 ignored]
+    #   -> top 2: (1,0) 5, (0,0) 3. group 1: (2,0) 4, (2,1) 9, (2,2) 9 -> (2,1), (2,2)
+    surprisal = t([[3, 1, 2], [5, 0, 99], [4, 9, 9]])
+    mask, gids = bools([[M, M, M], [M, M, _], [M, M, M]]), ids([10, 10, 3])
+    out = select_counterfactual_turns(surprisal, mask, gids, top_l=2)
+    assert out.tolist() == [[M, _, _], [M, _, _], [_, M, M]]
+    assert torch.equal(select_counterfactual_turns(surprisal, mask, gids, mode="all"), mask)
+    rnd = [
+        select_counterfactual_turns(
+            surprisal, mask, gids, top_l=2, mode="random", generator=torch.Generator().manual_seed(s)
+        )
+        for s in (0, 0, 1)
+    ]
+    assert torch.equal(rnd[0], rnd[1])  # reproducible from the generator
+    for r in rnd:
+        assert not (r & ~mask).any() and r[:2].sum() == 2 and r[2].sum() == 2
+    with pytest.raises(ValueError, match="surprisal, random, all"):
+        select_counterfactual_turns(surprisal, mask, gids, mode="best")
+
+
+# Two rollouts, one group, both reach both turns: A fixes at turn 1 [0, 1]; B solves at once and keeps [1, 1].
+PAIR = t([[0.0, 1.0], [1.0, 1.0]])
+PAIR_MASK = bools([[M, M], [M, M]])
+
+
+def test_presets_ladder_on_a_pair():
+    def run(preset, **kw):
+        return tcpo_turn_advantages(PAIR, PAIR_MASK, ids([0, 0]), preset=preset, **kw)
+
+    # trajectory: final scores [1, 1] -> zero variance -> 0 everywhere
+    torch.testing.assert_close(run("trajectory"), t([[0, 0], [0, 0]]))
+    # turn: turn 0 [0, 1]: -+0.5 / (sqrt(0.5) + 1e-6) = -+0.70710578; turn 1 [1, 1] -> 0
+    a = 0.5 / (0.5**0.5 + 1e-6)
+    torch.testing.assert_close(run("turn"), t([[-a, 0], [a, 0]]))
+    # diff: c = A [0 - 0, 1 - 0], B [1 - 0, 1 - 1] = [[0, 1], [1, 0]]; std over the 4 reached turns sqrt(1/3)
+    #   -> c / (0.57735027 + 1e-6) = c * 1.73204781
+    torch.testing.assert_close(run("diff"), t([[0, 1], [1, 0]]) / (3**-0.5 + 1e-6))
+    # retro: A m [0, 0] -> [0, 1]; B m [0, 1] -> [1, 0 + mu] = [1, 0.1]. c {0, 1, 1, 0.1}: mean 0.525,
+    #   var (0.525^2 + 0.475^2 + 0.475^2 + 0.425^2) / 3 = 0.9075 / 3 = 0.3025, std 0.55 -> c / (0.55 + 1e-6)
+    retro = t([[0, 1], [1, 0.1]])
+    torch.testing.assert_close(run("retro"), retro / (0.55 + 1e-6))
+    # hindsight: H = [[1, 1], [1, 1]] -> 0, so retro_hindsight = tcpo (no alternatives) = retro
+    torch.testing.assert_close(run("retro_hindsight"), retro / (0.55 + 1e-6))
+    torch.testing.assert_close(run("tcpo"), retro / (0.55 + 1e-6))
+    # normalize modes on retro: mean_std (c - 0.525) / (0.55 + 1e-6)
+    torch.testing.assert_close(run("retro", normalize="mean_std"), (retro - 0.525) / (0.55 + 1e-6))
+    # turn_mean_std: turn 0 [0, 1] -> -+0.70710578; turn 1 [1, 0.1]: +-0.45 / (sqrt(0.405) + 1e-6) = +-0.70710567
+    b = 0.45 / (0.405**0.5 + 1e-6)
+    torch.testing.assert_close(run("retro", normalize="turn_mean_std"), t([[-a, b], [a, -b]]))
+    torch.testing.assert_close(run("retro", normalize="none"), retro)
+    with pytest.raises(ValueError, match="retro_hindsight"):
+        run("hindsight")
+    with pytest.raises(ValueError, match="turn_mean_std"):
+        run("retro", normalize="z")
+
+
+def test_tcpo_full_on_the_group():
+    # retro (see test_retrospective_table): A [0.2, 0.5, 0.3], B [0, 0, -], C [1, -, -]
+    # hind (see test_hindsight_table):      A [1/3, 0.5, 0], B [-2/3, -0.5, -], C [1/3, -, -]
+    # cf: A turn 0 alternatives [0, 0.4] -> 0.2 - 0.2 = 0; B turn 1 alternative [1] -> 0 - 1 = -1; w_cf 0.5
+    # c: A [8/15, 1, 0.3], B [-2/3, -0.5 - 0.5, -], C [4/3, -, -]
+    alt = torch.full((3, 3, 2), NAN, dtype=torch.float64)
+    alt[0, 0] = t([0.0, 0.4])
+    alt[1, 1, 0] = 1.0
+    c = t([[8 / 15, 1, 0.3], [-2 / 3, -1.0, 0], [4 / 3, 0, 0]])
+    kw = dict(alt_scores=alt, w_cf=0.5)
+    torch.testing.assert_close(
+        tcpo_turn_advantages(t(GROUP_SCORES), bools(GROUP_MASK), ids([1] * 3), normalize="none", **kw), c
+    )
+    # std over the 6 reached turns: mean (8/15 + 1 + 0.3 - 2/3 - 1 + 4/3) / 6 = 1.5 / 6 = 0.25,
+    #   sum of squares 0.28444 + 1 + 0.09 + 0.44444 + 1 + 1.77778 = 4.59667, var (4.59667 - 6 * 0.0625) / 5 = 0.84433
+    var = (sum(x * x for x in (8 / 15, 1, 0.3, 2 / 3, 1, 4 / 3)) - 6 * 0.25**2) / 5
+    assert var == pytest.approx(0.844333, abs=1e-6)
+    out = tcpo_turn_advantages(t(GROUP_SCORES), bools(GROUP_MASK), ids([1] * 3), **kw)
+    torch.testing.assert_close(out, c / (var**0.5 + 1e-6))
+    assert out[0, 1] > 0 and out[1, 0] < 0  # improvements stay positive, failures negative (no centring)
+
+
+def test_std_presence_guard_and_absent_turns():
+    # a group with a single reached turn in total -> 0; the other group is normalised; unreached turns -> 0
+    scores, mask = t([[1.0, 5.0], [0.3, 0.0], [0.9, 0.0]]), bools([[M, _], [M, _], [M, _]])
+    out = tcpo_turn_advantages(scores, mask, ids([0, 1, 1]), preset="retro")
+    # group 1: retro [0.3, 0.9] (m = r0 = 0), std sqrt(0.3^2 + 0.3^2) = sqrt(0.18) = 0.42426407
+    #   -> [0.3, 0.9] / (0.42426407 + 1e-6); group 0 (one reached turn) -> 0
+    s = 0.18**0.5 + 1e-6
+    torch.testing.assert_close(out, t([[0, 0], [0.3 / s, 0], [0.9 / s, 0]]))
+
+
+def test_turns_to_tokens_and_types():
+    values = t([[0.5, -1.0]])
+    turn_ids = torch.tensor([[-1, 0, 0, -1, 1, 1, -1]])  # prompt, turn 0, feedback, turn 1, pad
+    assert turns_to_tokens(values, turn_ids).tolist() == [[0, 0.5, 0.5, 0, -1, -1, 0]]
+    # types with tau 1: [0.2 improve, 0.2 flat, 1 improve, 1 maintain, 0.4 regress, 0.7 regress (m = 1)]
+    kinds = turn_types(t([[0.2, 0.2, 1.0, 1.0, 0.4, 0.7]]), bools([[M] * 6]))
+    assert [TURN_TYPES[k] for k in kinds[0]] == [
+        "improve",
+        "flat",
+        "improve",
+        "maintain",
+        "regress",
+        "regress",
+    ]
+    assert turn_types(t([[0.5, 0.4]]), bools([[M, _]])).tolist() == [[1, -1]]
+
+
+def _batch(scores, mask, gids, turn_ids, **parts):
+    return make_batch(
+        (turn_ids >= 0).float(),
+        gids,
+        scores.amax(1),
+        turn_ids=turn_ids,
+        reward_parts=parts,
+        turn_scores=scores,
+        turn_mask=mask,
+    )
+
+
+def test_registered_class():
+    turn_ids = torch.tensor([[-1, 0, -1, 1, 1], [-1, 0, -1, 1, -1]])
+    batch = _batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids)
+    out = TCPOCredit(preset="retro")(batch)
+    a = t([[0, 1], [1, 0.1]]) / (0.55 + 1e-6)  # see test_presets_ladder_on_a_pair
+    torch.testing.assert_close(out.parts["turn"], a)
+    torch.testing.assert_close(out.advantages, turns_to_tokens(a, turn_ids))
+    # types: A [flat (0 = r0), improve], B [improve, maintain]
+    assert out.metrics["credit/turn_type/improve/frac"] == 0.5
+    assert (
+        out.metrics["credit/turn_type/flat/frac"] == 0.25
+        and out.metrics["credit/turn_type/flat/adv_mean"] == 0
+    )
+    assert out.metrics["credit/turn_type/maintain/adv_mean"] == pytest.approx(0.1 / 0.55, abs=1e-5)
+    assert out.metrics["credit/turn/1/adv_mean"] == pytest.approx(1.1 / 2 / 0.55, abs=1e-5)
+    # alternatives come from reward_parts
+    alt = t([[[0.0], [NAN]], [[NAN], [NAN]]])
+    with_cf = TCPOCredit(normalize="none")(_batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids, alt_scores=alt))
+    torch.testing.assert_close(with_cf.parts["turn"], t([[0, 1], [1, 0.1]]))  # cf of A turn 0 = 0 - 0 = 0
+    alt[0, 0, 0] = -1.0
+    with_cf = TCPOCredit(normalize="none")(_batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids, alt_scores=alt))
+    torch.testing.assert_close(with_cf.parts["turn"], t([[1, 1], [1, 0.1]]))  # cf = 0 - (-1) = 1
+    masked = _batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids, alt_scores=alt, cf_mask=bools([[_, _], [_, _]]))
+    torch.testing.assert_close(TCPOCredit(normalize="none")(masked).parts["turn"], t([[0, 1], [1, 0.1]]))
+    with pytest.raises(ValueError, match="preset"):
+        TCPOCredit(preset="nope")
+
+
+# --- loop reference vs vectorised ---------------------------------------------------------------------
+
+
+def _random_turns(seed, b=20, n_turns=4):
+    g = torch.Generator().manual_seed(seed)
+    reached = torch.randint(0, n_turns + 1, (b,), generator=g)
+    mask = torch.arange(n_turns)[None] < reached[:, None]
+    scores = (torch.randint(0, 5, (b, n_turns), generator=g) / 4).double()  # ties and exact successes
+    gids = torch.randint(0, 5, (b,), generator=g) * 3 + 100
+    alt = torch.where(
+        torch.rand(b, n_turns, 3, generator=g) < 0.5, torch.rand(b, n_turns, 3, generator=g), NAN
+    )
+    return scores.double(), mask, gids, alt.double(), g
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_matches_loop_reference(seed):
+    scores, mask, gids, alt, g = _random_turns(seed)
+    torch.testing.assert_close(retrospective_credit(scores, mask), ref_retro(scores, mask))
+    torch.testing.assert_close(hindsight_credit(scores, mask, gids), ref_hind(scores, mask, gids))
+    out = tcpo_turn_advantages(scores, mask, gids, alt_scores=alt, w_hind=0.5, w_cf=2.0)
+    torch.testing.assert_close(out, ref_tcpo(scores, mask, gids, alt, w=(1.0, 0.5, 2.0)))
+    surprisal = torch.randint(0, 4, scores.shape, generator=g).double()
+    for top_l in (1, 3):
+        assert torch.equal(
+            select_counterfactual_turns(surprisal, mask, gids, top_l=top_l),
+            ref_select(surprisal, mask, gids, top_l),
+        )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_runs_on_device(device):
+    scores, mask, gids, alt, _ = _random_turns(0)
+    want = tcpo_turn_advantages(scores, mask, gids, alt_scores=alt)
+    got = tcpo_turn_advantages(scores.to(device), mask.to(device), gids.to(device), alt_scores=alt.to(device))
+    assert got.device.type == device
+    torch.testing.assert_close(got.cpu(), want)
+
+
+# --- properties ------------------------------------------------------------------------------------------
+
+
+@st.composite
+def turn_data(draw, max_b=8, max_k=4):
+    b, k = draw(st.integers(1, max_b)), draw(st.integers(1, max_k))
+    reached = draw(st.lists(st.integers(0, k), min_size=b, max_size=b))
+    scores = draw(st.lists(st.lists(st.integers(0, 4), min_size=k, max_size=k), min_size=b, max_size=b))
+    gids = draw(st.lists(st.integers(0, 2), min_size=b, max_size=b))
+    mask = torch.arange(k)[None] < torch.tensor(reached)[:, None]
+    return t(scores) / 4, mask, ids(gids)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@PROPS
+@given(data=turn_data(), seed=st.integers(0, 2**16), labels=st.permutations([5, -2, 2**33]))
+def test_property_permutation_relabelling_and_masking(dtype, data, seed, labels):
+    scores, mask, gids = data
+    scores = scores.to(dtype)
+    perm = torch.randperm(len(gids), generator=torch.Generator().manual_seed(seed))
+    for preset in PRESETS:
+        out = tcpo_turn_advantages(scores, mask, gids, preset=preset)
+        assert out.dtype == dtype and (out[~mask] == 0).all()
+        torch.testing.assert_close(
+            tcpo_turn_advantages(scores[perm], mask[perm], gids[perm], preset=preset), out[perm]
+        )
+        torch.testing.assert_close(tcpo_turn_advantages(scores, mask, ids(labels)[gids], preset=preset), out)
+
+
+@PROPS
+@given(data=turn_data())
+def test_property_retro_sign_follows_turn_type(data):
+    # with tau 1 and scores in [0, 1]: improvements and maintenance earn, regressions after success cost,
+    # flat turns get nothing
+    scores, mask, _ = data
+    retro, kinds = retrospective_credit(scores, mask), turn_types(scores, mask)
+    assert (retro[kinds == 1] > 0).all() and (retro[kinds == 2] > 0).all()
+    assert (retro[kinds == 3] < 0).all() and (retro[kinds == 0] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@PROPS
+@given(data=turn_data(), shift=st.lists(st.floats(-5, 5), min_size=3, max_size=3))
+def test_property_group_shift_invariance(dtype, data, shift):
+    # hindsight and the per-turn normalisation compare a rollout only with its group: a per-group constant
+    # added to every score changes nothing
+    scores, mask, gids = data
+    scores, moved = scores.to(dtype), (scores + t(shift)[gids][:, None]).to(dtype)
+    tol = dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        hindsight_credit(moved, mask, gids), hindsight_credit(scores, mask, gids), **tol
+    )
+    for preset in ("turn", "trajectory"):
+        torch.testing.assert_close(
+            tcpo_turn_advantages(moved, mask, gids, preset=preset),
+            tcpo_turn_advantages(scores, mask, gids, preset=preset),
+            **tol,
+        )
+
+
+@PROPS
+@given(
+    layout=run_layouts(),
+    extra=st.lists(st.lists(st.integers(0, 3), min_size=3, max_size=3), min_size=8, max_size=8),
+)
+def test_property_longer_feedback_changes_nothing(layout, extra):
+    # turn k = run k of learnable tokens; more feedback tokens between turns leave every turn token's value
+    gids, rows = layout
+    n_turns = 3
+    mask = torch.tensor([[k < len(r) for k in range(n_turns)] for r in rows])
+    scores = torch.linspace(0, 1, len(rows) * n_turns, dtype=torch.float64).view(len(rows), n_turns)
+    adv = tcpo_turn_advantages(scores, mask, ids(gids))
+    (_, run), (_, wider) = build_runs(rows), build_runs(rows, extra)
+    out, more = turns_to_tokens(adv, run), turns_to_tokens(adv, wider)
+    assert (
+        torch.equal(more[wider >= 0], out[run >= 0])
+        and (more[wider < 0] == 0).all()
+        and (out[run < 0] == 0).all()
+    )

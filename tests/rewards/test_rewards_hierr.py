@@ -1,0 +1,391 @@
+"""HierR tool process score and reward (methods.md §1, "Two rewards (HierR)"); every number hand-computed."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lit_credit.rewards.base import Reward
+from lit_credit.rewards.hierr import (
+    COMPONENTS,
+    DEFAULT_WEIGHTS,
+    HierRReward,
+    extract_tool_responses,
+    final_reply,
+    key_value_scores,
+    loose_equal,
+    name_f1,
+    normalize_gold_calls,
+    parse_tool_calls,
+    strip_think,
+    tool_process_score,
+)
+from lit_credit.rewards.judges import SummaryJudge
+
+ALLOWED = ["f", "g", "get_weather"]
+
+
+def tc(body) -> str:
+    """One Hermes block; dicts/lists are JSON-encoded, strings go in verbatim."""
+    return f"<tool_call>{body if isinstance(body, str) else json.dumps(body)}</tool_call>"
+
+
+def call(name, **args):
+    return {"name": name, "arguments": args}
+
+
+F = tc(call("f", x=1))  # a valid single-call block
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+@pytest.mark.parametrize(("body", "valid", "reason", "n_calls"), [
+    ("not json", False, "json", 0),
+    ('{"name": "f", ', False, "json", 0),
+    ('"f"', False, "type", 0),                                             # JSON, but a string
+    ("[]", False, "type", 0),                                              # an empty list
+    ("[1, 2]", False, "type", 0),                                          # a list, not of dicts
+    ('{"arguments": {}}', False, "name", 0),
+    ('{"name": 3, "arguments": {}}', False, "name", 0),
+    ('{"name": "zzz", "arguments": {}}', False, "unknown_tool", 0),
+    ('{"name": "f", "arguments": "{}"}', False, "arguments", 0),           # arguments as a string
+    ('{"name": "f"}', False, "arguments", 0),
+    ('{"name": "f", "arguments": {}}', True, "", 1),
+    ('{"name": "f", "parameters": {"x": 1}}', True, "", 1),                # parameters accepted
+    ('[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"y": 2}}]', True, "", 2),  # parallel
+    ('[{"name": "f", "arguments": {}}, {"name": "zzz", "arguments": {}}]', False, "unknown_tool", 0),
+])
+def test_block_validity(body, valid, reason, n_calls):
+    p = parse_tool_calls(tc(body), ALLOWED)
+    (block,) = p.blocks
+    assert (block.valid, block.reason, len(block.calls)) == (valid, reason, n_calls)
+
+
+def test_parameters_normalised_to_arguments_and_allowed_none():
+    p = parse_tool_calls(tc({"name": "f", "parameters": {"x": 1}}), ALLOWED)
+    assert p.calls == [call("f", x=1)]
+    # allowed_tools=None: any name; a JSON-string list is parsed
+    assert parse_tool_calls(tc(call("zzz")), None).n_valid == 1
+    assert parse_tool_calls(tc(call("zzz")), '["zzz"]').n_valid == 1
+    assert parse_tool_calls(tc(call("zzz")), '["f"]').n_valid == 0
+
+
+def test_think_is_stripped_before_parsing():
+    text = f"<think>maybe {tc(call('g'))}</think>{F}"
+    p = parse_tool_calls(text, ALLOWED)
+    assert (p.n_open, p.n_close, [c["name"] for c in p.calls]) == (1, 1, ["f"])
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("<think>a</think>b", "b"),
+    ("<think>a</think>b<think>c</think>d", "bd"),
+    ("a</think>b", "b"),            # template opened <think> in the prompt
+    ("a<think>b", "a"),             # truncated reasoning
+    ("plain", "plain"),
+])
+def test_strip_think(text, expected):
+    assert strip_think(text) == expected
+
+
+# ------------------------------------------------------------------------------------------------ format
+BAD_JSON = tc('{"name": "f", ')
+UNKNOWN = tc(call("zzz"))
+BAD_ARGS = tc('{"name": "f", "arguments": 3}')
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("no tags at all", 0.0),                            # no tags -> 0
+    (F, 1.0),                                           # 1 valid / max(1, 1)
+    (F + F, 1.0),                                       # 2 / max(2, 2)
+    (F + "<tool_call>", 0.5),                           # unbalanced: 1 valid / max(2 open, 1 close)
+    (F + "</tool_call>", 0.5),                          # 1 / max(1, 2)
+    ("<tool_call>oops" + F, 0.5),                       # innermost block is F: 1 / max(2, 1)
+    (BAD_JSON, 0.0),                                    # 0 / 1
+    (F + UNKNOWN, 0.5),                                 # 1 / 2
+    (F + BAD_JSON + BAD_ARGS, 1 / 3),                   # 1 / 3
+    (f"<think>{F}</think>", 0.0),                       # tags inside <think> do not count
+])
+def test_format(text, expected):
+    assert tool_process_score(text, [[call("f", x=1)]], ALLOWED)["format"] == pytest.approx(expected)
+
+
+# ------------------------------------------------------------------------------------------------ name
+@pytest.mark.parametrize(("pred", "gold", "expected"), [
+    (["a", "a", "b"], ["a", "b", "c"], 2 / 3),   # tp = min(2,1) + 1 = 2; P = 2/3, R = 2/3, F1 = 2/3
+    (["a", "b"], ["a"], 2 / 3),                  # tp 1; P 1/2, R 1; F1 = 2*(1/2)/(3/2) = 2/3
+    (["a", "a"], ["a", "a", "a"], 0.8),          # tp 2; P 1, R 2/3; F1 = (4/3)/(5/3) = 0.8
+    (["a"], ["b"], 0.0),                         # tp 0
+    ([], [], 1.0),                               # both empty
+    (["a"], [], 0.0),                            # one empty
+    ([], ["a"], 0.0),
+])
+def test_name_f1(pred, gold, expected):
+    assert name_f1(pred, gold) == pytest.approx(expected)
+
+
+def test_name_through_tool_process_score():
+    text = tc([call("f"), call("f"), call("g")])                  # pred [f, f, g]
+    gold = [[call("f")], [call("g")], [call("get_weather")]]      # gold [f, g, get_weather]
+    assert tool_process_score(text, gold, ALLOWED)["name"] == pytest.approx(2 / 3)
+    # an invalid block contributes no prediction: pred [f] vs gold [f, g] -> tp 1, F1 = 2/3
+    s = tool_process_score(F + UNKNOWN, [[call("f")], [call("g")]], ALLOWED)
+    assert s["name"] == pytest.approx(2 / 3)
+
+
+# ------------------------------------------------------------------------------------------------ key / value
+@pytest.mark.parametrize(("gold", "pred", "expected"), [
+    (True, "true", True), (True, " TRUE ", True), (True, "1", True), (False, "0", True), (True, 1, True),
+    (False, "False", True), (True, "yes", False), (True, False, False), (2, True, False),
+    (3, 3.0, True), (3, "3", True), (0.1 + 0.2, 0.3, True), (1.0, 1.0 + 1e-10, True),
+    (1.0, 1.0 + 1e-8, False),
+    (3, "three", False), (10**400, 1.0, False),
+    ("Seoul", " seoul ", True), ("a", "b", False), ("1", "true", False),   # two strings: string rule only
+    ([1, 2], [1, 2], True), ([1, 2], [2, 1], False), ({"b": 1, "a": 2}, {"a": 2, "b": 1}, True),
+    ([1, 2], "[1, 2]", True), ({"a": 1}, "not json", False),
+    (None, None, True), (None, "", False),
+])
+def test_loose_equal(gold, pred, expected):
+    assert loose_equal(gold, pred) is expected
+
+
+@pytest.mark.parametrize(("gold", "pred", "key", "value"), [
+    # key = |{x}| / |{x, y, z}| = 1/3; value = 1 matching shared key / 2 gold keys = 1/2
+    ([call("f", x=1, y=2)], [call("f", x=1, z=3)], 1 / 3, 1 / 2),
+    ([call("f", q="Seoul")], [call("f", q=" seoul ")], 1.0, 1.0),
+    # two same-name calls in swapped order: g0 takes p1 (2 > 0.5 + 0), g1 takes p0 -> all 1
+    ([call("f", q="a", n=1), call("f", q="b", n=2)],
+     [call("f", q="b", n=2), call("f", q="a", n=1)], 1.0, 1.0),
+    # greedy, not optimal: g0={x:1} prefers p0={x:1,y:2} (key 1/2 + value 1 = 1.5 > p1={x:9}: 1 + 0),
+    # then g1={x:1,y:2} gets p1 (key 1/2, value 0): key (1/2 + 1/2)/2 = 1/2, value (1 + 0)/2 = 1/2
+    # (the optimal assignment would give key 1)
+    ([call("f", x=1), call("f", x=1, y=2)], [call("f", x=1, y=2), call("f", x=9)], 0.5, 0.5),
+    # a gold call with no same-name prediction scores (0, 0): key (1 + 0)/2, value (1 + 0)/2
+    ([call("f", x=1), call("g", y=2)], [call("f", x=1)], 0.5, 0.5),
+    # one-to-one: the second gold f finds the only prediction used -> (1 + 0)/2
+    ([call("f", x=1), call("f", x=1)], [call("f", x=1)], 0.5, 0.5),
+    # gold calls with empty arguments are not scored: only {x:1} counts
+    ([call("g"), call("f", x=1)], [call("f", x=1)], 1.0, 1.0),
+    ([call("g")], [], 1.0, 1.0),                   # no gold call with arguments -> both 1
+    ([], [call("f", x=1)], 1.0, 1.0),
+    ([call("f", x=1)], [], 0.0, 0.0),              # no predictions -> both 0
+    ([call("f", x=1)], [call("g", x=1)], 0.0, 0.0),  # predictions, but none of the name
+])
+def test_key_value(gold, pred, key, value):
+    assert key_value_scores(pred, gold) == pytest.approx((key, value))
+
+
+# ------------------------------------------------------------------------------------------------ parallel
+@pytest.mark.parametrize(("text", "gold", "expected"), [
+    (tc([call("f"), call("g")]), [[call("f"), call("g")]], 1.0),        # 2 calls vs gold step 0 with 2
+    (tc(call("f")) + tc(call("g")), [[call("f"), call("g")]], 0.0),     # first block has 1, gold 2
+    (tc([call("f"), call("g")]), [[call("f")], [call("g")]], 0.0),      # 2 vs 1
+    (BAD_JSON + tc([call("f"), call("g")]), [[call("f"), call("g")]], 1.0),  # the first *valid* block
+    ("no call", [[call("f")]], 0.0),                                     # no valid block: 0 vs 1
+    ("no call", [], 1.0),                                                # gold has no steps: 0 == 0
+    (F, [], 0.0),                                                        # 1 vs 0
+])
+def test_parallel(text, gold, expected):
+    assert tool_process_score(text, gold, ALLOWED)["parallel"] == expected
+
+
+# ------------------------------------------------------------------------------------------------ process
+def test_weighted_process_sum():
+    # blocks: f{x:1,z:3} (valid) + bad JSON -> format 1/2. gold [[f{x:1,y:2}, g{}]]:
+    # name: pred [f] vs [f, g] -> 2/3; key/value over f only: 1/3, 1/2; parallel: 1 call vs 2 -> 0.
+    text = tc(call("f", x=1, z=3)) + BAD_JSON
+    gold = [[call("f", x=1, y=2), call("g")]]
+    s = tool_process_score(text, gold, ALLOWED)
+    expected = {"format": 0.5, "name": 2 / 3, "key": 1 / 3, "value": 0.5, "parallel": 0.0}
+    assert {k: s[k] for k in COMPONENTS} == pytest.approx(expected)
+    # 0.10*0.5 + 0.25*2/3 + 0.15*1/3 + 0.20*0.5 + 0.30*0 = 0.05 + 0.1667 + 0.05 + 0.10 = 0.36667
+    assert s["process"] == pytest.approx(0.05 + 0.25 * 2 / 3 + 0.05 + 0.10)
+    # override: format 0, parallel 1 (others default) -> 0 + 0.1667 + 0.05 + 0.10 + 0 = 0.31667
+    s2 = tool_process_score(text, gold, ALLOWED, weights={"format": 0.0, "parallel": 1.0})
+    assert s2["process"] == pytest.approx(0.25 * 2 / 3 + 0.05 + 0.10)
+    with pytest.raises(ValueError, match="unknown HierR weight"):
+        tool_process_score(text, gold, ALLOWED, weights={"fromat": 1.0})
+    assert sum(DEFAULT_WEIGHTS.values()) == pytest.approx(1.0)
+
+
+def test_perfect_and_empty_cases():
+    gold = [[call("get_weather", city="Seoul", date="2026-11-30")]]
+    perfect = tc(call("get_weather", city="seoul", date="2026-11-30"))
+    assert tool_process_score(perfect, gold, ALLOWED)["process"] == pytest.approx(1.0)
+    # irrelevant subset, no call: format 0 (no tags), name 1 (both empty), key = value = 1 (no gold
+    # arguments), parallel 1 (0 == 0) -> 0.25 + 0.15 + 0.20 + 0.30 = 0.90
+    s = tool_process_score("I can answer without tools.", [], ALLOWED)
+    assert s == pytest.approx({"format": 0, "name": 1, "key": 1, "value": 1, "parallel": 1, "process": 0.9})
+    # irrelevant subset with a call: format 1, name 0, key = value = 1, parallel 0 -> 0.10 + 0.15 + 0.20
+    s = tool_process_score(F, [], ALLOWED)
+    assert s == pytest.approx({"format": 1, "name": 0, "key": 1, "value": 1, "parallel": 0, "process": 0.45})
+    # gold with calls, no call made: everything 0
+    assert tool_process_score("", gold, ALLOWED)["process"] == 0.0
+
+
+def test_gold_arguments_as_json_string_and_flat_gold():
+    text = tc(call("get_weather", city="Seoul"))
+    nested = [[{"name": "get_weather", "arguments": '{"city": "Seoul"}'}]]
+    assert tool_process_score(text, nested, ALLOWED)["process"] == pytest.approx(1.0)
+    # flat name list: one single-call step, no arguments -> key = value = 1, parallel 1 vs 1
+    assert tool_process_score(text, ["get_weather"], ALLOWED)["process"] == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------------------------------------ gold
+def test_normalize_gold_calls():
+    a, b = call("a"), call("b", x=1)
+    assert normalize_gold_calls([]) == [] and normalize_gold_calls(None) == []
+    assert normalize_gold_calls(["a", "b"]) == [[a], [call("b")]]                 # flat names
+    assert normalize_gold_calls([{"name": "a"}, {"name": "b", "arguments": '{"x": 1}'}]) == [[a], [b]]  # flat
+    assert normalize_gold_calls([[a, b], [a]]) == [[a, b], [a]]                     # nested: idempotent
+    assert normalize_gold_calls([[{"name": "b", "parameters": {"x": 1}}]]) == [[b]]
+    openai = {"type": "function", "function": {"name": "b", "arguments": '{"x": 1}'}}
+    assert normalize_gold_calls([[openai]]) == [[b]]
+    assert normalize_gold_calls(json.dumps([[b]])) == [[b]]                         # whole gold as JSON
+    assert normalize_gold_calls([[{"name": "a", "arguments": ""}]]) == [[a]]
+    arr = np.empty(1, dtype=object)                                                 # pandas/parquet arrays
+    arr[0] = np.array([{"name": "b", "arguments": '{"x": 1}'}], dtype=object)
+    assert normalize_gold_calls(arr) == [[b]]
+
+
+@pytest.mark.parametrize("bad", [
+    [{"arguments": {}}], [[{"name": "a", "arguments": "[1]"}]], [[{"name": "a", "arguments": "{x"}]], [[3]],
+    {"name": "a"},
+])
+def test_normalize_gold_calls_rejects_bad_data(bad):
+    with pytest.raises(ValueError):
+        normalize_gold_calls(bad)
+
+
+# ------------------------------------------------------------------------------------------------ reward
+class FixedJudge(SummaryJudge):
+    """Rates 4 (score 0.75) and records what it was shown."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def rate(self, question, tool_responses, reply):
+        self.seen.append((question, tool_responses, reply))
+        return 4
+
+
+ROW = {"question": "Will it rain in Seoul tomorrow?", "allowed_tools": ["get_weather"],
+       "gold_tool_calls": [[{"name": "get_weather", "arguments": '{"city": "Seoul"}'}]]}
+CALL = tc(call("get_weather", city="Seoul"))
+SUMMARY = "Yes, rain is expected in Seoul tomorrow."
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("a</tool_call>b</tool_response> final ", "final"),
+    ("x</tool_response>y</tool_response>z", "z"),
+    (f"{CALL} done", "done"),
+    ("  plain  ", "plain"),
+    ("<think>r</think>ans", "ans"),
+    (CALL, ""),
+])
+def test_final_reply(text, expected):
+    assert final_reply(text) == expected
+
+
+def test_reward_total_and_judge_inputs():
+    judge = FixedJudge()
+    reward = HierRReward(w_process=0.5, w_summary=2.0, judge=judge)
+    assert isinstance(reward, Reward)
+    out = reward(ROW, [CALL, SUMMARY], tool_responses=['{"rain": true}'])
+    # process 1 (perfect call), summary (4-1)/4 = 0.75: score = 0.5*1 + 2*0.75 = 2.0
+    assert out["score"] == pytest.approx(2.0)
+    parts = ("process", "summary", "should_call_but_no_call", "judge_failed")
+    assert [out[k] for k in parts] == [1, 0.75, 0, 0]
+    assert set(out) == {"score", *COMPONENTS, "process", "summary", "should_call_but_no_call", "judge_failed"}
+    assert judge.seen[-1] == (ROW["question"], ['{"rain": true}'], SUMMARY)
+
+
+def test_reward_tool_response_sources():
+    judge = FixedJudge()
+    reward = HierRReward(judge=judge)
+    row = {**ROW, "_tool_responses": ["from row"]}
+    reward(row, [CALL, SUMMARY], tool_responses=["from kw"])         # the keyword wins
+    reward(row, [CALL, SUMMARY])                                       # then the row key
+    reward(ROW, [CALL + "<tool_response>from text</tool_response>" + SUMMARY])  # then the transcript
+    assert [s[1] for s in judge.seen] == [["from kw"], ["from row"], ["from text"]]
+    assert judge.seen[-1][2] == SUMMARY
+    out = reward(ROW, [CALL, SUMMARY])                                 # none: summary 0 without the backend
+    assert (out["summary"], out["score"], len(judge.seen)) == (0.0, 1.0, 3)
+
+
+def test_reward_reads_the_parquet_row():
+    row = {"prompt": [{"role": "user", "content": "Q?"}],
+           "reward_model": {"ground_truth": {"allowed_tools": ["get_weather"],
+                                             "question_content": "Will it rain?",
+                                             "gold_tool_calls": ROW["gold_tool_calls"]}}}
+    judge = FixedJudge()
+    out = HierRReward(judge=judge)(row, [CALL, SUMMARY], tool_responses=["r"])
+    assert out["process"] == 1.0 and judge.seen[-1][0] == "Will it rain?"
+    del row["reward_model"]["ground_truth"]["question_content"]
+    HierRReward(judge=judge)(row, [CALL, SUMMARY], tool_responses=["r"])
+    assert judge.seen[-1][0] == "Q?"                                  # last user message
+
+
+def test_omission_penalty():
+    judge = FixedJudge()
+    reward = HierRReward(judge=judge)
+    out = reward(ROW, ["It will probably rain."], tool_responses=["r"])
+    assert (out["score"], out["should_call_but_no_call"], out["summary"]) == (-0.5, 1.0, 0.0)
+    # a call only inside <think> is no call
+    out = reward(ROW, [f"<think>{CALL}</think>It will rain."], tool_responses=["r"])
+    assert (out["score"], out["should_call_but_no_call"]) == (-0.5, 1.0)
+    assert judge.seen == []                                           # the judge is not asked
+    # template-opened reasoning in every turn ("...</think>" without "<think>"): stripped per turn
+    out = reward(ROW, ["plan</think>" + CALL, "read</think>" + SUMMARY], tool_responses=["r"])
+    assert (out["should_call_but_no_call"], out["process"]) == (0.0, 1.0)
+    assert judge.seen[-1][2] == SUMMARY
+    # a broken tag is a tag: no omission, just a low process score
+    out = reward(ROW, ["<tool_call>{oops", SUMMARY], tool_responses=["r"])
+    assert out["should_call_but_no_call"] == 0.0 and out["score"] > 0
+    # irrelevant subset: gold [] and no call is no omission: process 0.9 + summary 0.75
+    out = reward({**ROW, "gold_tool_calls": []}, [SUMMARY], tool_responses=["r"])
+    assert (out["should_call_but_no_call"], out["score"]) == (0.0, pytest.approx(0.9 + 0.75))
+    assert HierRReward(omission_score=-1.0)(ROW, ["no"])["score"] == -1.0
+
+
+def test_extract_tool_responses():
+    text = "<tool_response> a </tool_response>x<tool_response>b</tool_response>"
+    assert extract_tool_responses(text) == ["a", "b"]
+
+
+# ------------------------------------------------------------------------------------------------ fuzz
+FRAGMENTS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>",
+             '{"name": "f", "arguments": {"x": 1}}', '[{"name": "g", "parameters": {}}]', '{"name": "zzz"}',
+             '{"name": "f", "arguments": {"x": "1"}}', "[", "{", '"', "null", "[[[[", "]]"]
+TEXT = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=20), max_size=12).map("".join)
+GOLD = st.lists(st.lists(st.builds(call, st.sampled_from(["f", "g", "h"])) |
+                         st.just(call("f", x=1)), max_size=3), max_size=3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(TEXT, GOLD)
+def test_fuzz_components_in_unit_interval(text, gold):
+    s = tool_process_score(text, gold, ALLOWED)
+    assert all(0.0 <= s[k] <= 1.0 for k in (*COMPONENTS, "process"))
+    out = HierRReward()({"gold_tool_calls": gold, "allowed_tools": ALLOWED, "question": "q"}, [text, text])
+    assert -0.5 <= out["score"] <= 2.0 and 0.0 <= out["summary"] <= 1.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=200))
+def test_fuzz_arbitrary_text_never_raises(text):
+    tool_process_score(text, [[call("f", x=1)]], ALLOWED)
+    parse_tool_calls(f"<tool_call>{text}</tool_call>", ALLOWED)
+    final_reply(text)
+
+
+JSONV = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3),
+                     max_leaves=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(JSONV, JSONV)
+def test_fuzz_loose_equal_never_raises(a, b):
+    assert isinstance(loose_equal(a, b), bool)

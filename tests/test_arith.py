@@ -1,0 +1,48 @@
+"""The arithmetic task and its exact-match verifier."""
+from __future__ import annotations
+
+import pytest
+
+from lit_credit.rewards import ExactMatchReward, parse_final_integer
+from lit_credit.tasks import ArithTask
+
+
+def test_splits_are_disjoint_deterministic_and_correct():
+    task = ArithTask(max_operand=9, num_test=20, ops="+-*")
+    train, test = task.dataset("train"), task.dataset("test")
+    assert len(test) == 20 and len(train) == 300 - 20  # 10 * 10 * 3 distinct problems
+    assert not set(train["id"]) & set(test["id"])
+    assert ArithTask(max_operand=9, num_test=20, ops="+-*").dataset("test")["id"] == test["id"]
+    for row in test:
+        a, op, b = row["prompt"][0]["content"].removeprefix("What is ").removesuffix("?").split()
+        assert int(row["answer"]) == eval(f"{a}{op}{b}")
+    demos = list(task.demonstrations(50, seed=1))
+    assert len(demos) == 50 and not {d["messages"][0]["content"] for d in demos} & \
+        {r["prompt"][0]["content"] for r in test}
+
+
+@pytest.mark.parametrize("kwargs, key", [({"ops": "/"}, "task.ops"), ({"max_operand": 0}, "task.max_operand"),
+                                         ({"max_operand": 3, "num_test": 40}, "task.num_train")])
+def test_bad_configuration_names_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=key):
+        ArithTask(**kwargs)
+
+
+@pytest.mark.parametrize("reply, score, fmt", [
+    ("82", 1.0, 1.0),          # exact
+    (" 82 ", 1.0, 1.0),        # surrounding blanks are trimmed
+    ("It is 82", 1.0, 0.0),    # the last integer counts, but the format is not a bare number
+    ("82 or 81", 0.0, 0.0),    # the last integer is 81
+    ("-82", 0.0, 1.0),         # sign matters
+    ("", 0.0, 0.0),            # empty reply: zero, not an error
+    ("eighty-two", 0.0, 0.0),
+])
+def test_exact_match(reply, score, fmt):
+    out = ExactMatchReward()({"answer": "82"}, [reply])
+    assert out == {"score": score, "correct": score, "format": fmt}
+
+
+def test_negative_answers_and_no_reply():
+    assert ExactMatchReward()({"answer": "-3"}, ["-3"])["score"] == 1.0
+    assert ExactMatchReward()({"answer": "3"}, [])["score"] == 0.0
+    assert parse_final_integer("a1b-22c") == -22 and parse_final_integer("none") is None

@@ -1,0 +1,82 @@
+"""The embedded tokenizer, the tiny model, its cache, and the SFT encoding of demonstrations."""
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lit_credit.models import EmbeddedPolicy, PolicySource, build_tokenizer, token_logprobs
+from lit_credit.models.sft import encode_demonstration
+from lit_credit.rollout import ChatCodec
+from lit_credit.tasks import ArithTask
+
+CORPUS = ["What is 37 + 45?\n82", "<tool_call>{\"name\": \"get_weather\"}</tool_call> sunny"] * 20
+
+
+def test_tokenizer_is_deterministic_and_spells_digits():
+    a, b = build_tokenizer(CORPUS, 300), build_tokenizer(CORPUS, 300)
+    assert a.get_vocab() == b.get_vocab()
+    ids = a("1234", add_special_tokens=False)["input_ids"]
+    assert a.convert_ids_to_tokens(ids) == ["1", "2", "3", "4"]  # one token per digit
+
+
+def test_chat_template_is_hermes_and_tool_tags_survive_decoding():
+    tok = build_tokenizer(CORPUS, 300)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<tool_call>{}</tool_call>"},
+         {"role": "tool", "content": "{\"t\": 1}"}], tokenize=False, add_generation_prompt=True)
+    assert text == ("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<tool_call>{}</tool_call><|im_end|>\n"
+                    "<|im_start|>user\n<tool_response>\n{\"t\": 1}\n</tool_response><|im_end|>\n"
+                    "<|im_start|>assistant\n")
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    decoded = tok.decode(ids, skip_special_tokens=True)
+    assert "<tool_call>{}</tool_call>" in decoded and "<tool_response>" in decoded and "<|im_end|>" not in decoded
+    # The tags are single tokens, so the policy emits them in one step.
+    assert len(tok("<tool_call>", add_special_tokens=False)["input_ids"]) == 1
+
+
+def test_embedded_policy_builds_once_and_reloads_with_from_pretrained(tmp_path):
+    task = ArithTask(max_operand=9, num_test=20)
+    embedded = EmbeddedPolicy(task, cache_dir=str(tmp_path), hidden_size=128, num_layers=4, sft_steps=0)
+    path = embedded.build()
+    stamp = (path / "config.json").stat().st_mtime_ns
+    assert embedded.build() == path and (path / "config.json").stat().st_mtime_ns == stamp  # reused
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".building")] == []
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert model.config.model_type == "llama"
+    assert model.get_input_embeddings().num_embeddings == len(tok)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 0.5e6 < n_params < 1.5e6  # "about 1M parameters"
+    # Another recipe is another directory; the same recipe under PolicySource loads the same weights.
+    assert EmbeddedPolicy(task, cache_dir=str(tmp_path), sft_steps=1).path != path
+    loaded, _ = PolicySource(embedded=embedded).load()
+    assert torch.equal(loaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+def test_sft_encoding_masks_only_assistant_turns():
+    tok = build_tokenizer(CORPUS, 300)
+    codec = ChatCodec(tok)
+    demo = {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A1"},
+                         {"role": "tool", "content": "R"}, {"role": "assistant", "content": "A2"}]}
+    ids, mask = encode_demonstration(codec, demo)
+    prompt = codec.prompt_ids(demo["messages"][:1])
+    a1, feedback, a2 = codec.reply_ids("A1"), codec.feedback_ids([demo["messages"][2]]), codec.reply_ids("A2")
+    assert ids == prompt + a1 + feedback + a2  # the very pieces a rollout is built from
+    assert mask == [0] * len(prompt) + [1] * len(a1) + [0] * len(feedback) + [1] * len(a2)
+    assert a1[-1] == tok.eos_token_id and a2[-1] == tok.eos_token_id  # the end of turn is learned
+
+
+def test_token_logprobs_match_a_manual_log_softmax():
+    torch.manual_seed(0)
+    tok = build_tokenizer(CORPUS, 300)
+    from transformers import LlamaConfig, LlamaForCausalLM
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+    ids = torch.tensor([[5, 9, 11, 3]])
+    logp, entropy = token_logprobs(model, ids, torch.ones_like(ids))
+    logits = model(input_ids=ids).logits[0]
+    expected = [0.0] + [logits[t - 1].log_softmax(-1)[ids[0, t]].item() for t in range(1, 4)]
+    torch.testing.assert_close(logp[0], torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    p = logits[0].softmax(-1)
+    torch.testing.assert_close(entropy[0, 1], -(p * p.log()).sum(), rtol=1e-5, atol=1e-6)
+    assert entropy[0, 0] == 0
