@@ -18,7 +18,8 @@ def build(cfg: DictConfig) -> tuple[L.LightningModule, L.LightningDataModule, L.
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
     module = instantiate(cfg.method)
-    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    # Entries without a _target_ are settings left by an overlay for a callback that is switched off.
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
     logger = instantiate(cfg.logger) if cfg.get("logger") else False
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
     return module, datamodule, trainer

@@ -85,7 +85,7 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def _map(self, fn) -> "RolloutBatch":
+    def _map(self, fn) -> RolloutBatch:
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
@@ -97,10 +97,10 @@ class RolloutBatch:
                 out[f.name] = v
         return replace(self, **out)
 
-    def to(self, device: torch.device | str) -> "RolloutBatch":
+    def to(self, device: torch.device | str) -> RolloutBatch:
         return self._map(lambda t: t.to(device))
 
-    def select(self, index: Tensor) -> "RolloutBatch":
+    def select(self, index: Tensor) -> RolloutBatch:
         """Rows ``index`` (a [N] long or [B] bool tensor) of every per-rollout field."""
         if index.dtype == torch.bool:
             index = index.nonzero().squeeze(-1)

@@ -36,7 +36,7 @@ def test_config_composes_and_instantiates(path, make_cfg, tmp_path):
     else:
         cfg = make_cfg(f"{group}={name}")
     if group in ("experiment", "debug", "method"):
-        module, datamodule, trainer = build(cfg)
+        module, datamodule, _trainer = build(cfg)
         assert isinstance(module.credit, CreditEstimator)
         assert datamodule.sampling.n >= 2
         return

@@ -30,7 +30,7 @@ ROWS = [{"prompt": [{"role": "user", "content": "What is 3 + 4?"}], "id": "a"},
 
 
 def test_n_samples_per_prompt_and_length_limit(policy):
-    model, tok, engine = policy
+    _model, tok, engine = policy
     codec = ChatCodec(tok)
     out = engine.generate([codec.prompt_ids(r["prompt"]) for r in ROWS], SamplingParams(n=3, max_new_tokens=5))
     assert [len(per_prompt) for per_prompt in out] == [3, 3]
@@ -42,7 +42,7 @@ def test_n_samples_per_prompt_and_length_limit(policy):
 
 
 def test_greedy_is_deterministic_and_matches_batch_of_one(policy):
-    model, tok, engine = policy
+    _model, tok, engine = policy
     codec = ChatCodec(tok)
     prompts = [codec.prompt_ids(r["prompt"]) for r in ROWS]  # different lengths: left padding in the batch
     greedy = SamplingParams(n=1, greedy=True, max_new_tokens=6)
@@ -62,7 +62,7 @@ def test_behaviour_logprobs_equal_trainer_logprobs(policy):
 
 
 def test_stop_strings_end_the_turn(policy):
-    model, tok, engine = policy
+    _model, tok, engine = policy
     codec = ChatCodec(tok)
     free = engine.generate([codec.prompt_ids(ROWS[0]["prompt"])], SamplingParams(n=1, greedy=True,
                                                                                  max_new_tokens=12))[0][0]
@@ -85,7 +85,7 @@ class TwoTurns(Environment):
 
 
 def test_multi_turn_loop_masks_injected_feedback(policy):
-    model, tok, engine = policy
+    _model, tok, engine = policy
     codec = ChatCodec(tok)
     episodes = run_episodes(engine, codec, TwoTurns(), ROWS[:1], [7], SamplingParams(n=2, max_new_tokens=4), 2)
     assert len(episodes) == 2

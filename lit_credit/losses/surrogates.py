@@ -58,8 +58,15 @@ class Surrogate(abc.ABC):
 
     ``__call__(logp, old_logp, advantages, mask) -> (loss [B, T], metrics)`` where ``metrics`` maps short
     names (``clip_frac``, ``ratio_mean``, ...) to detached 0-dim tensors (``PolicyLoss`` turns them into
-    floats with one device sync). ``loss`` is 0 wherever ``mask == 0``.
+    floats with one device sync). ``loss`` is 0 wherever ``mask == 0``. ``clip_high=None`` means
+    symmetric clipping (``clip_high = clip_low``).
     """
+
+    def __init__(self, clip_low: float = 0.2, clip_high: float | None = None) -> None:
+        self.clip_low, self.clip_high = _resolve_clip(clip_low, clip_high)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(clip_low={self.clip_low}, clip_high={self.clip_high})"
 
     @abc.abstractmethod
     def __call__(
@@ -90,12 +97,6 @@ class ClippedSurrogate(Surrogate):
         mask: [B, T] bool/int/float, nonzero on learnable tokens.
         output: (loss [B, T], metrics dict[str, 0-dim Tensor]).
     """
-
-    def __init__(self, clip_low: float = 0.2, clip_high: float | None = None) -> None:
-        self.clip_low, self.clip_high = _resolve_clip(clip_low, clip_high)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(clip_low={self.clip_low}, clip_high={self.clip_high})"
 
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
@@ -154,12 +155,6 @@ class GSPOSurrogate(Surrogate):
         mask: [B, T] bool/int/float, nonzero on learnable tokens.
         output: (loss [B, T], metrics dict[str, 0-dim Tensor]).
     """
-
-    def __init__(self, clip_low: float = 0.2, clip_high: float | None = None) -> None:
-        self.clip_low, self.clip_high = _resolve_clip(clip_low, clip_high)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(clip_low={self.clip_low}, clip_high={self.clip_high})"
 
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from typing import Any
 
 import lightning as L
@@ -14,6 +15,9 @@ from lit_credit.losses import PolicyLoss, masked_mean
 from lit_credit.models.logprobs import token_logprobs
 from lit_credit.models.policy import PolicySource
 from lit_credit.types import RolloutBatch
+
+# Checkpoints hold the state after step N's update, consistent with global_step = N: that is what we want.
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
 
 
 def nonzero_variance_groups(batch: RolloutBatch) -> torch.Tensor:

@@ -76,10 +76,10 @@ class HFEngine:
         was_training = model.training
         model.eval()
         try:
+            sample = {} if sampling.greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p,
+                                                 "top_k": 0}  # top_k=0: no hidden top-50 truncation
             gen = model.generate(
-                input_ids=ids.to(device), attention_mask=attn.to(device),
-                do_sample=not sampling.greedy, temperature=sampling.temperature if not sampling.greedy else None,
-                top_p=sampling.top_p if not sampling.greedy else None, top_k=None if not sampling.greedy else None,
+                input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=not sampling.greedy, **sample,
                 max_new_tokens=sampling.max_new_tokens, eos_token_id=eos, pad_token_id=pad,
                 stop_strings=list(sampling.stop) or None, tokenizer=tok if sampling.stop else None,
                 output_logits=True, return_dict_in_generate=True,

@@ -1,0 +1,689 @@
+"""Task ``toolcall``: SLCA-GRPO's tool-calling setting (methods.md §1) on a synthetic tool world.
+
+Pieces: :class:`ToolSimulator` (deterministic programmatic tool backend) and :class:`LLMToolSimulator` (a
+frozen model behind the same ``respond(call, schema)``), :class:`ToolEnvironment` (answers every
+``<tool_call>`` block of a reply with ``tool`` messages; a reply without a tag ends the episode),
+:class:`ToolCallTask` (synthetic prompts of the subsets single / parallel / multi / irrelevant, or the rows of
+a public SLCA RL parquet via :func:`load_toucan_parquet`) and its gold demonstrations.
+
+Row format (every row, same types): ``prompt`` (list of ``{"role", "content"}``), ``tools`` (JSON string of
+the allowed tools' OpenAI schemas), ``gold_tool_calls`` (JSON string of the nested steps x calls list),
+``allowed_tools`` (list of str), ``question``, ``subset``, ``id`` (str). Tool arguments live inside JSON
+strings because HF datasets merges dicts with different keys into one struct with None gaps.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from lit_credit.rewards.hierr import CLOSE, OPEN, ToolCallBlock, normalize_gold_calls, parse_tool_calls
+from lit_credit.tasks.base import Environment, Feedback, Task
+from lit_credit.tasks.tool_catalog import (
+    CATALOG_VERSION,
+    HANDLERS,
+    SCHEMAS,
+    SUBSETS,
+    TEMPLATES,
+    TEMPLATES_BY_ID,
+    VOCAB,
+    Template,
+    call_hash,
+    dumps,
+    fact,
+)
+
+DEFAULT_SUBSETS: dict[str, float] = {"single": 0.4, "parallel": 0.2, "multi": 0.2, "irrelevant": 0.2}
+TRUNCATED = "...[truncated]"
+
+
+def error_json(message: str) -> str:
+    """A tool error response: ``{"error":"<message>"}``."""
+    return dumps({"error": message})
+
+
+def truncate(text: str, max_chars: int) -> str:
+    """``text`` cut to at most ``max_chars`` characters, ending in ``...[truncated]`` when cut."""
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text
+    return text[: max(0, max_chars - len(TRUNCATED))] + TRUNCATED[: max_chars]
+
+
+def schema_name(schema: Any) -> str | None:
+    """The function name of an OpenAI tool schema (``{"function": {"name"}}`` or bare ``{"name"}``)."""
+    if not isinstance(schema, Mapping):
+        return None
+    fn = schema.get("function") if isinstance(schema.get("function"), Mapping) else schema
+    name = fn.get("name")
+    return name if isinstance(name, str) else None
+
+
+def _as_openai(schema: Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(schema.get("function"), Mapping):
+        return dict(schema)
+    return {"type": "function", "function": dict(schema)}
+
+
+def parse_tools(tools: Any) -> list[dict[str, Any]]:
+    """Tool schemas from a JSON string, a list, or None, in the OpenAI form; never raises (bad input: [])."""
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools) if tools.strip() else []
+        except ValueError:
+            return []
+    if isinstance(tools, Mapping):
+        tools = [tools]
+    if not isinstance(tools, (list, tuple)):
+        return []
+    return [_as_openai(t) for t in tools if schema_name(t) is not None]
+
+
+@lru_cache(maxsize=512)
+def _schemas_from_json(tools: str) -> dict[str, dict[str, Any]]:
+    return {schema_name(s): s for s in parse_tools(tools)}
+
+
+def schemas_by_name(tools: Any) -> dict[str, dict[str, Any]]:
+    """``{name: schema}`` of a row's ``tools`` (JSON string or list); cached for strings."""
+    if isinstance(tools, str):
+        return dict(_schemas_from_json(tools))
+    return {schema_name(s): s for s in parse_tools(tools)}
+
+
+# ------------------------------------------------------------------------------------------------ simulators
+_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda x: isinstance(x, str),
+    "number": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
+    "integer": lambda x: (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, float)
+                                                                                and x.is_integer()),
+    "boolean": lambda x: isinstance(x, bool),
+    "array": lambda x: isinstance(x, list),
+    "object": lambda x: isinstance(x, dict),
+    "null": lambda x: x is None,
+}
+
+
+def validate_arguments(arguments: Any, schema: Mapping[str, Any]) -> str | None:
+    """The first problem of ``arguments`` against an OpenAI tool schema, or None when they fit.
+
+    Checks: a dict; no argument outside ``properties`` (when properties are declared); every ``required``
+    one present; each declared JSON ``type`` (or list of types) and ``enum``. Unknown type names pass.
+    """
+    if not isinstance(arguments, Mapping):
+        return "arguments must be a JSON object"
+    fn = schema.get("function") if isinstance(schema.get("function"), Mapping) else schema
+    params = fn.get("parameters") if isinstance(fn.get("parameters"), Mapping) else {}
+    props = params.get("properties") if isinstance(params.get("properties"), Mapping) else {}
+    required = params.get("required") if isinstance(params.get("required"), list) else []
+    if props:
+        extra = [k for k in arguments if k not in props]
+        if extra:
+            return f"unexpected argument: {extra[0]}"
+    missing = [k for k in required if k not in arguments]
+    if missing:
+        return f"missing argument: {missing[0]}"
+    for key, value in arguments.items():
+        spec = props.get(key) if isinstance(props.get(key), Mapping) else {}
+        types = spec.get("type")
+        types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
+        checks = [_JSON_TYPES[t] for t in types if t in _JSON_TYPES]
+        if checks and not any(c(value) for c in checks):
+            return f"argument {key} must be {' or '.join(types)}"
+        if isinstance(spec.get("enum"), list) and value not in spec["enum"]:
+            return f"argument {key} must be one of {spec['enum']}"
+    return None
+
+
+class ToolBackend:
+    """Answers a tool call with a JSON string; :meth:`respond` never raises.
+
+    ``respond(call, schema=None)``: ``call`` is ``{"name", "arguments"}`` (``parameters`` accepted);
+    ``schema`` is the tool's schema from the row, else the catalog's is used. A call without a string name,
+    with non-dict arguments, to a tool with no schema, or whose arguments fail :func:`validate_arguments`
+    gets ``{"error": ...}``; a valid call goes to :meth:`answer`.
+    """
+
+    def __init__(self, catalog: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self.catalog: dict[str, Mapping[str, Any]] = dict(SCHEMAS if catalog is None else catalog)
+
+    def __call__(self, call: Any, schema: Mapping[str, Any] | None = None) -> str:
+        return self.respond(call, schema)
+
+    def respond(self, call: Any, schema: Mapping[str, Any] | None = None) -> str:
+        try:
+            if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
+                return error_json("a call needs a string name")
+            name = call["name"]
+            args = call.get("arguments", call.get("parameters"))
+            schema = schema if isinstance(schema, Mapping) else self.catalog.get(name)
+            if schema is None:
+                return error_json(f"unknown tool: {name}")
+            problem = validate_arguments(args, schema)
+            if problem is not None:
+                return error_json(problem)
+            return self.answer(name, dict(args), schema)
+        except Exception as err:  # a backend bug is an error response, never a crash of the rollout
+            return error_json(f"tool failed: {type(err).__name__}")
+
+    def answer(self, name: str, arguments: dict[str, Any], schema: Mapping[str, Any]) -> str:
+        raise NotImplementedError
+
+
+class ToolSimulator(ToolBackend):
+    """Deterministic programmatic tools: the response is a pure function of the call.
+
+    A catalog tool (:data:`~lit_credit.tasks.tool_catalog.HANDLERS`) whose arguments fit the catalog schema
+    gets its handler's compact JSON (values derived from :func:`~lit_credit.tasks.tool_catalog.call_hash`
+    of the canonical arguments, e.g. the temperature of a city on a date) or its domain error
+    (``{"error": "unknown currency code: XYZ"}``). Any other tool with a schema (e.g. a Toucan row's) gets a
+    generic ``{"tool", "status": "ok", "result_id"}``.
+    """
+
+    def answer(self, name: str, arguments: dict[str, Any], schema: Mapping[str, Any]) -> str:
+        h = call_hash(name, arguments)
+        if name in HANDLERS and validate_arguments(arguments, SCHEMAS[name]) is None:
+            out = HANDLERS[name](arguments, h)
+            return error_json(out) if isinstance(out, str) else dumps(out)
+        return dumps({"tool": name, "status": "ok", "result_id": h % 100000})
+
+
+SIMULATOR_PROMPT = """You simulate a tool. Tool schema:
+{schema}
+Call:
+{call}
+Reply with only the tool's result as one compact JSON object, plausible and consistent with the call."""
+
+
+def extract_json(text: str) -> Any:
+    """The first JSON object or array in ``text`` (chatter and code fences around it are skipped), else None."""
+    if not isinstance(text, str):
+        return None
+    decoder = json.JSONDecoder()
+    for m in re.finditer(r"[\[{]", text):
+        try:
+            return decoder.raw_decode(text, m.start())[0]
+        except (ValueError, RecursionError):
+            continue
+    return None
+
+
+class LLMToolSimulator(ToolBackend):
+    """A frozen model as the tool backend: ``generate_fn(prompt) -> text`` (an HF model, a vLLM engine, ...).
+
+    Invalid calls are answered by :class:`ToolBackend` without asking the model. Otherwise the prompt
+    (:data:`SIMULATOR_PROMPT`, the schema and the call as JSON) is sent up to ``1 + max_retries`` times until
+    the text holds a JSON object or array (:func:`extract_json`), returned compact; when every try raises
+    or has no JSON the answer is ``{"error": "tool simulator failed"}`` and ``failures`` is incremented.
+    ``calls`` counts generate_fn calls. Decoding settings belong to ``generate_fn`` (greedy is advisable).
+    """
+
+    def __init__(self, generate_fn: Callable[[str], str], catalog: Mapping[str, Mapping[str, Any]] | None = None,
+                 max_retries: int = 1) -> None:
+        super().__init__(catalog)
+        self.generate_fn, self.max_retries = generate_fn, max_retries
+        self.calls = self.failures = 0
+
+    def answer(self, name: str, arguments: dict[str, Any], schema: Mapping[str, Any]) -> str:
+        prompt = SIMULATOR_PROMPT.format(schema=dumps(schema), call=dumps({"name": name, "arguments": arguments}))
+        for _ in range(1 + self.max_retries):
+            self.calls += 1
+            try:
+                obj = extract_json(self.generate_fn(prompt))
+            except Exception:  # a flaky backend is retried, then answered with an error
+                obj = None
+            if isinstance(obj, (dict, list)):
+                return dumps(obj)
+        self.failures += 1
+        return error_json("tool simulator failed")
+
+
+# ------------------------------------------------------------------------------------------------ environment
+_BLOCK_ERRORS = {
+    "json": "invalid JSON in <tool_call>",
+    "type": "a <tool_call> must hold a JSON object or a list of objects",
+    "name": "a call needs a string name",
+    "arguments": "a call needs an arguments object",
+}
+
+
+def _block_error(block: ToolCallBlock, allowed: set[str] | None) -> str:
+    if block.reason == "unknown_tool":
+        try:
+            obj = json.loads(block.raw)
+            items = obj if isinstance(obj, list) else [obj]
+            bad = next(c["name"] for c in items if allowed is not None and c.get("name") not in allowed)
+            return f"unknown tool: {bad}"
+        except (ValueError, StopIteration, TypeError, AttributeError, KeyError):
+            return "unknown tool"
+    return _BLOCK_ERRORS.get(block.reason, "invalid tool call")
+
+
+def allowed_tools_of(row: Mapping[str, Any]) -> list[str] | None:
+    """The row's ``allowed_tools``, else the names of its ``tools`` schemas, else None (anything goes)."""
+    allowed = row.get("allowed_tools")
+    if allowed is not None and not isinstance(allowed, str):
+        return [t for t in allowed if isinstance(t, str)]
+    if isinstance(allowed, str):
+        return [allowed]
+    names = list(schemas_by_name(row.get("tools")))
+    return names or None
+
+
+class ToolEnvironment(Environment):
+    """Plays the tools against the policy, one assistant turn at a time.
+
+    ``step(row, turn, reply)``: with ``<think>`` stripped, a reply with no ``<tool_call>``/``</tool_call>``
+    tag is final: ``done=True``, no messages. Otherwise each block of
+    :func:`~lit_credit.rewards.hierr.parse_tool_calls` (against the row's allowed tools) is answered in
+    order: every call of a valid block by the simulator (a parallel block of k calls -> k responses), an
+    invalid block by one error response (bad JSON, wrong shape, unknown tool, ...), and tags that belong to
+    no complete block by one more error. At most ``max_calls_per_turn`` responses are produced (the rest are
+    replaced by one error). Each response is cut to ``max_response_chars`` (:func:`truncate`) and becomes a
+    ``{"role": "tool"}`` message. ``done`` is also True from turn ``max_turns - 1`` on (the messages are
+    still returned). ``info["tool_responses"]`` holds the response strings, for the summary judge; the
+    row is never mutated (it is shared by the n rollouts of a prompt). ``score`` is None.
+    """
+
+    def __init__(self, simulator: ToolBackend | None = None, max_turns: int = 10, max_response_chars: int = 300,
+                 max_calls_per_turn: int = 8) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns={max_turns}: must be >= 1")
+        self.simulator = simulator if simulator is not None else ToolSimulator()
+        self.max_turns, self.max_response_chars = max_turns, max_response_chars
+        self.max_calls_per_turn = max_calls_per_turn
+
+    def respond(self, row: Mapping[str, Any], reply: str) -> list[str] | None:
+        """The tool responses to ``reply`` (truncated), or None when the reply has no tool-call tag."""
+        allowed = allowed_tools_of(row)
+        parsed = parse_tool_calls(reply, allowed)
+        if parsed.n_open == 0 and parsed.n_close == 0:
+            return None
+        allowed_set = None if allowed is None else set(allowed)
+        items: list[tuple[dict[str, Any] | None, str]] = []  # (call, "") or (None, error)
+        for block in parsed.blocks:
+            if block.valid:
+                items += [(c, "") for c in block.calls]
+            else:
+                items.append((None, _block_error(block, allowed_set)))
+        if max(parsed.n_open, parsed.n_close) > len(parsed.blocks):
+            items.append((None, f"unmatched tag: write {OPEN}{{...}}{CLOSE}"))
+        if len(items) > self.max_calls_per_turn:
+            items = [*items[: self.max_calls_per_turn],
+                     (None, f"too many calls: at most {self.max_calls_per_turn} per turn")]
+        schemas = schemas_by_name(row.get("tools"))
+        out = [self.simulator.respond(c, schemas.get(c["name"])) if c is not None else error_json(e)
+               for c, e in items]
+        return [truncate(r, self.max_response_chars) for r in out]
+
+    def step(self, row: dict[str, Any], turn: int, reply: str) -> Feedback:
+        responses = self.respond(row, reply)
+        if responses is None:
+            return Feedback(done=True, info={"tool_responses": []})
+        return Feedback(done=turn + 1 >= self.max_turns,
+                        messages=[{"role": "tool", "content": r} for r in responses],
+                        info={"tool_responses": responses})
+
+
+# ------------------------------------------------------------------------------------------------ rows
+def tool_call_text(step: Sequence[Mapping[str, Any]]) -> str:
+    """The gold assistant turn of one step: one ``<tool_call>`` block, a JSON list when the step is parallel."""
+    calls = [{"name": c["name"], "arguments": c["arguments"]} for c in step]
+    return f"{OPEN}{dumps(calls[0] if len(calls) == 1 else calls)}{CLOSE}"
+
+
+def make_row(question: str, tools: Sequence[Mapping[str, Any]], gold: Any, subset: str, id: str,
+             prompt: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """A task row (the module docstring's format); ``gold`` in any form :func:`normalize_gold_calls` reads."""
+    tools = parse_tools(list(tools))
+    messages = prompt if prompt is not None else [{"role": "user", "content": question}]
+    return {
+        "prompt": [{"role": str(m.get("role", "")), "content": str(m.get("content") or "")} for m in messages],
+        "tools": dumps(tools),
+        "gold_tool_calls": dumps(normalize_gold_calls(gold)),
+        "allowed_tools": [schema_name(t) for t in tools],
+        "question": question,
+        "subset": subset,
+        "id": id,
+    }
+
+
+def gold_conversation(row: Mapping[str, Any], simulator: ToolBackend, max_response_chars: int = 300,
+                      answer: str | None = None) -> dict[str, Any]:
+    """The gold demonstration of a row: prompt, then per gold step an assistant ``<tool_call>`` turn and the
+    simulator's (truncated) tool messages, then a summary stating one fact per call
+    (:func:`~lit_credit.tasks.tool_catalog.fact`). Without gold calls the reply is ``answer``."""
+    messages = [dict(m) for m in row["prompt"]]
+    gold = normalize_gold_calls(row["gold_tool_calls"])
+    tools = parse_tools(row["tools"])
+    if not gold:
+        if answer is None:
+            raise ValueError(f"row {row.get('id')!r} has no gold calls and no direct answer")
+        return {"messages": [*messages, {"role": "assistant", "content": answer}], "tools": tools}
+    schemas = {schema_name(s): s for s in tools}
+    facts = []
+    for step in gold:
+        messages.append({"role": "assistant", "content": tool_call_text(step)})
+        for c in step:
+            response = truncate(simulator.respond(c, schemas.get(c["name"])), max_response_chars)
+            messages.append({"role": "tool", "content": response})
+            facts.append(fact(c["name"], c["arguments"], response))
+    messages.append({"role": "assistant", "content": " ".join(facts)})
+    return {"messages": messages, "tools": tools}
+
+
+# ------------------------------------------------------------------------------------------------ parquet
+def _to_py(x: Any) -> Any:
+    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):
+        x = x.tolist()
+    if isinstance(x, Mapping):
+        return {k: _to_py(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_to_py(v) for v in x]
+    return x
+
+
+def _drop_struct_gaps(gold: Any) -> Any:
+    """Arguments stored as a parquet struct carry None for the keys other calls had: drop them."""
+    if isinstance(gold, list):
+        return [_drop_struct_gaps(g) for g in gold]
+    if isinstance(gold, dict):
+        out = dict(gold)
+        for key in ("arguments", "parameters"):
+            if isinstance(out.get(key), dict):
+                out[key] = {k: v for k, v in out[key].items() if v is not None}
+        return out
+    return gold
+
+
+def _parquet_files(path: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    if not isinstance(path, (str, os.PathLike)):
+        return [f for p in path for f in _parquet_files(p)]
+    p = Path(os.path.expanduser(str(path)))
+    if p.is_dir():
+        files = sorted(str(f) for f in p.rglob("*.parquet"))
+    else:
+        files = sorted(glob.glob(str(p))) if any(ch in str(p) for ch in "*?[") else [str(p)]
+    if not files:
+        raise FileNotFoundError(f"no parquet file at {path}")
+    return files
+
+
+def toucan_row(record: Mapping[str, Any], fallback_id: str) -> dict[str, Any]:
+    """One row of the public SLCA RL parquet (methods.md §1) in the task's row format."""
+    record = _to_py(dict(record))
+    rm = record.get("reward_model") if isinstance(record.get("reward_model"), Mapping) else {}
+    gt = rm.get("ground_truth") if isinstance(rm.get("ground_truth"), Mapping) else {}
+    if isinstance(rm.get("ground_truth"), str):
+        gt = json.loads(rm["ground_truth"])
+    extra = record.get("extra_info") if isinstance(record.get("extra_info"), Mapping) else {}
+    prompt = [m for m in record.get("prompt") or [] if isinstance(m, Mapping)]
+    tools = parse_tools(record.get("tools")) or parse_tools(gt.get("tool_schemas"))
+    question = gt.get("question_content")
+    if not isinstance(question, str):
+        users = [m.get("content") for m in prompt if m.get("role") == "user"]
+        question = str(users[-1]) if users else ""
+    gold = _drop_struct_gaps(gt.get("gold_tool_calls"))
+    allowed = gt.get("allowed_tools")
+    row = make_row(question, tools, gold, str(gt.get("subset_name") or "unknown"),
+                   str(extra.get("id", extra.get("index", fallback_id))), prompt or None)
+    if allowed is not None:
+        row["allowed_tools"] = [str(t) for t in ([allowed] if isinstance(allowed, str) else allowed)]
+    return row
+
+
+def load_toucan_parquet(path: str | os.PathLike | Sequence[str | os.PathLike]) -> datasets.Dataset:
+    """The public SLCA RL split (Toucan-derived parquet; a file, a directory, a glob or a list of them) as
+    task rows. Columns read: ``prompt``, ``tools`` (JSON string; else ``ground_truth.tool_schemas``),
+    ``reward_model.ground_truth`` (``allowed_tools``, ``gold_tool_calls`` nested, flat names or ``[]``,
+    ``question_content``, ``subset_name``) and ``extra_info`` (``id``/``index`` for the row id, else
+    ``<file stem>-<row>``). ``data_source`` is not needed. Gold goes through :func:`normalize_gold_calls`
+    (struct-typed arguments lose their None gaps first) and is stored as a JSON string.
+    """
+    return datasets.Dataset.from_list(toucan_rows(path))
+
+
+def toucan_rows(path: str | os.PathLike | Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+    """:func:`load_toucan_parquet` as a list of row dicts."""
+    import pyarrow.parquet as pq
+
+    return [toucan_row(record, f"{Path(file).stem}-{i}")
+            for file in _parquet_files(path) for i, record in enumerate(pq.read_table(file).to_pylist())]
+
+
+# ------------------------------------------------------------------------------------------------ task
+def _names(subsets: Any) -> list[str]:
+    if isinstance(subsets, str):
+        return [s for s in re.split(r"[,\s]+", subsets) if s]
+    return [str(s) for s in subsets]
+
+
+def _subset_weights(subsets: Any) -> dict[str, float]:
+    if subsets is None:
+        return dict(DEFAULT_SUBSETS)
+    if isinstance(subsets, Mapping):
+        weights = {str(k): float(v) for k, v in subsets.items()}
+    else:
+        weights = {s: 1.0 for s in _names(subsets)}
+    bad = set(weights) - set(SUBSETS)
+    if bad or any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+        raise ValueError(f"task.subsets={subsets!r}: use names of {list(SUBSETS)} (a list, or a mapping to "
+                         f"non-negative weights with a positive sum)")
+    return {s: w for s, w in weights.items() if w > 0}
+
+
+def apportion(total: int, weights: Mapping[str, float]) -> dict[str, int]:
+    """Integer counts summing to ``total`` in proportion to ``weights`` (largest remainder, ties by order)."""
+    norm = sum(weights.values())
+    exact = {k: total * w / norm for k, w in weights.items()}
+    counts = {k: int(v) for k, v in exact.items()}
+    order = sorted(weights, key=lambda k: (-(exact[k] - counts[k]), list(weights).index(k)))
+    for k in order[: total - sum(counts.values())]:
+        counts[k] += 1
+    return counts
+
+
+Key = tuple[str, tuple[Any, ...]]
+
+
+def _demonstrable(row: Mapping[str, Any]) -> bool:
+    """Gold calls exist and each fits its schema (flat gold, names without arguments, would teach errors)."""
+    gold = normalize_gold_calls(row["gold_tool_calls"])
+    schemas = schemas_by_name(row["tools"])
+    return bool(gold) and all(c["name"] in schemas and validate_arguments(c["arguments"], schemas[c["name"]]) is None
+                              for step in gold for c in step)
+
+
+class ToolCallTask(Task):
+    """Tool calling with a gold call plan per prompt (SLCA-GRPO, methods.md §1).
+
+    Synthetic mode (default): questions from the templates of :mod:`~lit_credit.tasks.tool_catalog`, values
+    from its small vocabularies; subsets ``single`` (one call), ``parallel`` (one step, two calls in one
+    block), ``multi`` (two sequential steps; some second steps use the first result, computed with the
+    programmatic simulator), ``irrelevant`` (gold ``[]``; the ideal reply answers directly). ``subsets``:
+    None (:data:`DEFAULT_SUBSETS`), names (equal weights; a list or a comma-separated string) or
+    ``{name: weight}``; each split holds exactly the apportioned count per subset (:func:`apportion`).
+    A prompt offers the gold tools plus ``randint(1, max_distractors)`` distractors (irrelevant: 1 to
+    ``max(1, max_distractors)`` random tools), shuffled. An instance is a (template, values) key; the test
+    split is the first ``num_test`` distinct keys of a seeded draw per subset and train the next
+    ``num_train``, so the splits are disjoint, the test split does not depend on ``num_train``, and
+    everything is a function of ``seed``. Demonstrations skip test keys.
+
+    Parquet mode (``parquet_path``): rows from :func:`load_toucan_parquet`; an explicit ``subsets`` keeps
+    the rows whose ``subset`` is named (weights ignored). The test split is ``test_parquet_path`` if given,
+    else ``num_test`` rows drawn with ``seed``; ``num_train`` caps the train rows (None: all).
+    Demonstrations are built from the train rows whose gold calls fit their schemas (simulator responses,
+    one fact per call); flat-gold rows (names only) and irrelevant rows (no direct answer known) are skipped.
+
+    ``environment()`` is a :class:`ToolEnvironment` with ``simulator`` (default :class:`ToolSimulator`),
+    ``max_turns`` and ``max_response_chars``.
+    """
+
+    name = "toolcall"
+
+    def __init__(self, num_train: int | None = 1000, num_test: int = 100, subsets: Any = None,
+                 max_distractors: int = 2, seed: int = 0, parquet_path: Any = None,
+                 test_parquet_path: Any = None, max_turns: int = 10, max_response_chars: int = 300,
+                 simulator: ToolBackend | None = None) -> None:
+        if max_distractors < 0:
+            raise ValueError(f"task.max_distractors={max_distractors}: must be >= 0")
+        if num_test < 0 or (num_train is not None and num_train < 0):
+            raise ValueError(f"task.num_train={num_train}, task.num_test={num_test}: must be >= 0")
+        if parquet_path is None and num_train is None:
+            raise ValueError("task.num_train=None is only allowed with task.parquet_path (all rows)")
+        self.parquet_mode = parquet_path is not None
+        self.weights = _subset_weights(subsets) if not self.parquet_mode else (
+            None if subsets is None else {str(s): 1.0 for s in _names(subsets)})
+        # Scalars only enter the embedded-policy cache key; so the subsets and paths go in as strings.
+        self.subsets_key = dumps(self.weights)
+        self.parquet_key = dumps([str(parquet_path), str(test_parquet_path)]) if self.parquet_mode else ""
+        self.parquet_path, self.test_parquet_path = parquet_path, test_parquet_path
+        self.num_train, self.num_test, self.max_distractors, self.seed = num_train, num_test, max_distractors, seed
+        self.max_turns, self.max_response_chars = max_turns, max_response_chars
+        self.catalog_version = CATALOG_VERSION
+        self.simulator = simulator if simulator is not None else ToolSimulator()
+        self._gold_sim = ToolSimulator()  # gold plans always come from the deterministic simulator
+        self._splits: dict[str, datasets.Dataset] = {}
+        self._test_keys: set[Key] = set()
+
+    # ------------------------------------------------------------------ synthetic instances
+    def _draws(self, subset: str, rng: random.Random) -> Iterator[Key]:
+        templates = [t for t in TEMPLATES if t.subset == subset]
+        while True:
+            t = rng.choice(templates)
+            values = tuple(rng.choice(VOCAB[vocab]) for _, vocab in t.slots)
+            if t.valid(values):
+                yield t.id, values
+
+    def _distinct(self, subset: str, rng: random.Random, count: int) -> list[Key]:
+        seen: dict[Key, None] = {}
+        misses, patience = 0, 1000 + 10 * count
+        for key in self._draws(subset, rng):
+            if len(seen) >= count:
+                break
+            if key in seen:
+                misses += 1
+                if misses > patience:
+                    raise ValueError(f"task.num_train + task.num_test: the {subset!r} subset ran out of distinct "
+                                     f"questions after {len(seen)}; lower the counts or its weight")
+                continue
+            seen[key] = None
+        return list(seen)
+
+    def _template_values(self, key: Key) -> tuple[Template, dict[str, Any]]:
+        t = TEMPLATES_BY_ID[key[0]]
+        return t, {name: v for (name, _), v in zip(t.slots, key[1])}
+
+    def synthetic_row(self, key: Key) -> dict[str, Any]:
+        """The row of one (template id, values) instance; its distractors are seeded by the key."""
+        t, v = self._template_values(key)
+        gold = t.gold(v, lambda c: json.loads(self._gold_sim.respond(c))) if t.gold is not None else []
+        rng = random.Random(f"{self.seed}:{dumps([key[0], list(key[1])])}")
+        gold_names = list(dict.fromkeys(c["name"] for step in gold for c in step))
+        pool = sorted(set(SCHEMAS) - set(gold_names))
+        lo, hi = (1, max(1, self.max_distractors)) if not gold else (min(1, self.max_distractors), self.max_distractors)
+        names = gold_names + rng.sample(pool, min(len(pool), rng.randint(lo, hi)))
+        rng.shuffle(names)
+        row_id = f"{t.id}:{'|'.join(str(x) for x in key[1])}"
+        return make_row(t.question(v), [SCHEMAS[n] for n in names], gold, t.subset, row_id)
+
+    def _synthetic_splits(self) -> dict[str, list[Key]]:
+        assert self.weights is not None
+        n_test, n_train = apportion(self.num_test, self.weights), apportion(self.num_train, self.weights)
+        splits: dict[str, list[Key]] = {"train": [], "test": []}
+        for subset in self.weights:
+            keys = self._distinct(subset, random.Random(f"{self.seed}:{subset}"), n_test[subset] + n_train[subset])
+            splits["test"] += keys[: n_test[subset]]
+            splits["train"] += keys[n_test[subset]:]
+        for split, keys in splits.items():
+            random.Random(f"{self.seed}:order:{split}").shuffle(keys)
+        return splits
+
+    # ------------------------------------------------------------------ parquet rows
+    def _parquet_splits(self) -> dict[str, datasets.Dataset]:
+        def load(path: Any) -> list[dict[str, Any]]:
+            rows = toucan_rows(path)
+            return rows if self.weights is None else [r for r in rows if r["subset"] in self.weights]
+
+        rows = load(self.parquet_path)
+        if self.test_parquet_path is not None:
+            test, train = load(self.test_parquet_path), rows
+        else:
+            if self.num_test >= len(rows):
+                raise ValueError(f"task.num_test={self.num_test}: the parquet holds only {len(rows)} rows")
+            order = list(range(len(rows)))
+            random.Random(f"{self.seed}:parquet").shuffle(order)
+            held = set(order[: self.num_test])
+            test = [r for i, r in enumerate(rows) if i in held]
+            train = [r for i, r in enumerate(rows) if i not in held]
+        if self.num_train is not None:
+            train = train[: self.num_train]
+        return {"train": datasets.Dataset.from_list(train), "test": datasets.Dataset.from_list(test)}
+
+    # ------------------------------------------------------------------ Task API
+    def dataset(self, split: str) -> datasets.Dataset:
+        if split not in ("train", "test"):
+            raise ValueError(f"split={split!r}: use 'train' or 'test'")
+        if not self._splits:
+            if self.parquet_mode:
+                self._splits = self._parquet_splits()
+            else:
+                keys = self._synthetic_splits()
+                self._test_keys = set(keys["test"])
+                self._splits = {s: datasets.Dataset.from_list([self.synthetic_row(k) for k in ks])
+                                for s, ks in keys.items()}
+        return self._splits[split]
+
+    def environment(self) -> ToolEnvironment:
+        return ToolEnvironment(self.simulator, max_turns=self.max_turns, max_response_chars=self.max_response_chars)
+
+    def demonstration_rows(self, num: int, seed: int) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+        """``(row, demo)`` pairs: the demo is the row's gold conversation (:func:`gold_conversation`)."""
+        self.dataset("test")
+        if self.parquet_mode:
+            rows = [r for r in self.dataset("train") if _demonstrable(r)]
+            if not rows:
+                raise ValueError("the parquet train split has no row whose gold calls fit its tool schemas")
+            rng = random.Random(f"demo:{seed}")
+            for i in range(num):
+                if i % len(rows) == 0:
+                    rng.shuffle(rows)
+                row = rows[i % len(rows)]
+                yield row, gold_conversation(row, self._gold_sim, self.max_response_chars)
+            return
+        assert self.weights is not None
+        rng = random.Random(f"demo:{self.seed}:{seed}")
+        draws = {s: self._draws(s, random.Random(f"demo:{self.seed}:{seed}:{s}")) for s in self.weights}
+        names, weights = list(self.weights), list(self.weights.values())
+        made = 0
+        while made < num:
+            key = next(draws[rng.choices(names, weights)[0]])
+            if key in self._test_keys:
+                continue
+            t, v = self._template_values(key)
+            row = self.synthetic_row(key)
+            answer = t.answer(v) if t.answer is not None else None
+            yield row, gold_conversation(row, self._gold_sim, self.max_response_chars, answer)
+            made += 1
+
+    def demonstrations(self, num: int, seed: int) -> Iterable[dict[str, Any]]:
+        """Gold conversations ``{"messages", "tools"}`` (tools: a list of schema dicts), none from the test
+        split: user -> ``<tool_call>`` turn (a JSON list when parallel) -> tool messages -> ... -> a summary
+        restating the responses; irrelevant questions get the direct answer. Deterministic in (seed, self.seed).
+        """
+        for _, demo in self.demonstration_rows(num, seed):
+            yield demo
+
+    def corpus(self, num: int = 2000) -> Iterable[str]:
+        """Per demonstration, its tool schemas as the chat template renders them (``tojson``) and its messages:
+        the schemas are most of a prompt's text, so the tokenizer should learn them."""
+        for demo in self.demonstrations(num, seed=12345):
+            yield "\n".join([*(json.dumps(t, ensure_ascii=False) for t in demo["tools"]),
+                             *(m["content"] for m in demo["messages"])])

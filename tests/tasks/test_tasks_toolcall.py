@@ -1,0 +1,322 @@
+"""The toolcall task: catalog, synthetic splits, simulators, environment, demonstrations, parquet loader."""
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lit_credit.rewards.hierr import HierRReward, normalize_gold_calls, tool_process_score
+from lit_credit.tasks.tool_catalog import HANDLERS, SCHEMAS, SUBSETS, TEMPLATES, call_hash, fact
+from lit_credit.tasks.toolcall import (
+    TRUNCATED,
+    LLMToolSimulator,
+    ToolCallTask,
+    ToolEnvironment,
+    ToolSimulator,
+    apportion,
+    gold_conversation,
+    load_toucan_parquet,
+    tool_call_text,
+    truncate,
+)
+
+WEATHER = {"name": "get_weather", "arguments": {"city": "Seoul", "date": "2026-11-30"}}
+
+
+@pytest.fixture(scope="module")
+def task() -> ToolCallTask:
+    return ToolCallTask(num_train=200, num_test=60, seed=3)
+
+
+def rows_of(task: ToolCallTask, split: str, subset: str) -> list[dict]:
+    return [r for r in task.dataset(split) if r["subset"] == subset]
+
+
+def error_of(response: str) -> str:
+    return json.loads(response)["error"]
+
+
+# ------------------------------------------------------------------------------------------------ catalog
+def test_catalog_has_compact_valid_schemas_and_templates_use_it():
+    assert len(SCHEMAS) >= 12 and set(HANDLERS) == set(SCHEMAS)
+    for name, schema in SCHEMAS.items():
+        fn = schema["function"]
+        assert schema["type"] == "function" and fn["name"] == name and 0 < len(fn["description"]) <= 60
+        params = fn["parameters"]
+        assert params["type"] == "object" and params["properties"]
+        assert set(params["required"]) <= set(params["properties"])
+        assert all(p["type"] in ("string", "number") for p in params["properties"].values())
+        assert len(json.dumps(schema)) < 300  # the tiny policy reads these in every prompt
+    assert {t.subset for t in TEMPLATES} == set(SUBSETS)
+    assert len({t.id for t in TEMPLATES}) == len(TEMPLATES)
+
+
+# ------------------------------------------------------------------------------------------------ splits
+def test_subsets_come_in_the_requested_proportions():
+    weights = {"single": 0.5, "parallel": 0.2, "multi": 0.2, "irrelevant": 0.1}
+    task = ToolCallTask(num_train=200, num_test=50, subsets=weights)
+    assert Counter(task.dataset("train")["subset"]) == {"single": 100, "parallel": 40, "multi": 40, "irrelevant": 20}
+    assert Counter(task.dataset("test")["subset"]) == apportion(50, weights)
+    only = ToolCallTask(num_train=30, num_test=10, subsets="single, irrelevant")
+    assert Counter(only.dataset("train")["subset"]) == {"single": 15, "irrelevant": 15}
+    assert apportion(10, {"a": 1, "b": 1, "c": 1}) == {"a": 4, "b": 3, "c": 3}
+
+
+@pytest.mark.parametrize("kwargs, key", [({"subsets": ["single", "chitchat"]}, "task.subsets"),
+                                         ({"subsets": {"single": -1}}, "task.subsets"),
+                                         ({"max_distractors": -1}, "task.max_distractors"),
+                                         ({"num_train": None}, "task.num_train"),
+                                         ({"num_train": 5000, "subsets": "irrelevant"}, "task.num_train")])
+def test_bad_configuration_names_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=key):
+        ToolCallTask(**kwargs).dataset("train")
+
+
+def test_splits_are_deterministic_disjoint_and_well_typed(task):
+    train, test = task.dataset("train"), task.dataset("test")
+    again = ToolCallTask(num_train=200, num_test=60, seed=3)
+    assert again.dataset("train").to_list() == train.to_list() and again.dataset("test").to_list() == test.to_list()
+    assert ToolCallTask(num_train=20, num_test=60, seed=3).dataset("test")["id"] == test["id"]  # test ignores num_train
+    assert ToolCallTask(num_train=200, num_test=60, seed=4).dataset("test")["id"] != test["id"]
+    assert len(set(train["id"])) == 200 and len(set(test["id"])) == 60 and not set(train["id"]) & set(test["id"])
+    assert not set(train["question"]) & set(test["question"])
+    assert set(train.column_names) == {"prompt", "tools", "gold_tool_calls", "allowed_tools", "question", "subset", "id"}
+    for row in [*train, *test]:
+        tools = json.loads(row["tools"])
+        gold = json.loads(row["gold_tool_calls"])
+        gold_names = {c["name"] for step in gold for c in step}
+        assert row["prompt"] == [{"role": "user", "content": row["question"]}]
+        assert [t["function"]["name"] for t in tools] == row["allowed_tools"]
+        assert gold_names <= set(row["allowed_tools"]) and len(tools) <= len(gold_names) + 2
+        assert len(tools) > len(gold_names) and all(t == SCHEMAS[t["function"]["name"]] for t in tools)
+        assert normalize_gold_calls(gold) == gold
+        shape = [len(step) for step in gold]
+        assert shape == {"single": [1], "parallel": [2], "multi": [1, 1], "irrelevant": []}[row["subset"]]
+
+
+# ------------------------------------------------------------------------------------------------ simulators
+def test_simulator_is_deterministic_and_canonical():
+    sim = ToolSimulator()
+    out = json.loads(sim.respond(WEATHER))
+    assert set(out) == {"city", "date", "temp_c", "condition"} and out["city"] == "Seoul"
+    assert sim.respond(WEATHER) == ToolSimulator()(WEATHER)
+    assert sim.respond({"name": "get_weather", "parameters": {"date": "2026-11-30", "city": " seoul"}}) == \
+        sim.respond(WEATHER)  # canonical arguments, "parameters" accepted
+    temps = {json.loads(sim.respond({"name": "get_weather", "arguments": {"city": c, "date": "2026-11-30"}}))["temp_c"]
+             for c in ("Seoul", "Tokyo", "Paris", "London", "Oslo", "Lima")}
+    assert len(temps) > 1
+    assert call_hash("x", {"a": 1}) == call_hash("x", {"a": 1.0})
+    conv = json.loads(sim.respond({"name": "convert_currency", "arguments": {"amount": 100, "from": "usd", "to": "EUR"}}))
+    assert conv == {"amount": 100, "from": "USD", "to": "EUR", "result": 92.0}
+    assert json.loads(sim.respond({"name": "calculate", "arguments": {"expression": "12 * 7"}}))["result"] == 84
+    dist = [json.loads(sim.respond({"name": "get_distance", "arguments": {"origin": a, "destination": b}}))["km"]
+            for a, b in (("Seoul", "Paris"), ("Paris", "Seoul"))]
+    assert dist[0] == dist[1] > 0
+
+
+@pytest.mark.parametrize("call, message", [
+    ({"name": "teleport", "arguments": {}}, "unknown tool: teleport"),
+    ({"name": "get_weather", "arguments": {"city": "Seoul"}}, "missing argument: date"),
+    ({"name": "get_weather", "arguments": {"city": "Seoul", "date": "2026-11-30", "unit": "F"}},
+     "unexpected argument: unit"),
+    ({"name": "get_weather", "arguments": {"city": 7, "date": "2026-11-30"}}, "argument city must be string"),
+    ({"name": "get_weather", "arguments": {"city": "Seoul", "date": "tomorrow"}}, "date must be YYYY-MM-DD"),
+    ({"name": "convert_currency", "arguments": {"amount": 5, "from": "USD", "to": "XYZ"}}, "unknown currency code: XYZ"),
+    ({"name": "calculate", "arguments": {"expression": "__import__('os')"}}, "invalid expression"),
+    ({"name": "get_weather", "arguments": "city=Seoul"}, "arguments must be a JSON object"),
+    ({"arguments": {}}, "a call needs a string name"),
+    (None, "a call needs a string name"),
+    ("get_weather", "a call needs a string name"),
+])
+def test_simulator_answers_bad_calls_with_an_error(call, message):
+    assert error_of(ToolSimulator().respond(call)).startswith(message)
+
+
+def test_simulator_answers_row_schemas_outside_the_catalog():
+    schema = {"type": "function", "function": {"name": "lookup_order", "parameters": {
+        "type": "object", "properties": {"order_id": {"type": "integer"}}, "required": ["order_id"]}}}
+    sim = ToolSimulator()
+    out = json.loads(sim.respond({"name": "lookup_order", "arguments": {"order_id": 42}}, schema))
+    assert out["tool"] == "lookup_order" and out["status"] == "ok"
+    assert error_of(sim.respond({"name": "lookup_order", "arguments": {"order_id": "x"}}, schema)) == \
+        "argument order_id must be integer"
+    assert error_of(sim.respond({"name": "lookup_order", "arguments": {"order_id": 42}})) == "unknown tool: lookup_order"
+
+
+def test_llm_simulator_extracts_json_and_falls_back_to_an_error():
+    prompts = []
+
+    def chatty(prompt: str) -> str:
+        prompts.append(prompt)
+        return 'Sure! ```json\n{"city": "Seoul", "temp_c": 3}\n``` hope this helps'
+
+    sim = LLMToolSimulator(chatty)
+    assert sim.respond(WEATHER) == '{"city":"Seoul","temp_c":3}'
+    assert '"get_weather"' in prompts[0] and '"2026-11-30"' in prompts[0] and "required" in prompts[0]
+    assert error_of(sim.respond({"name": "nope", "arguments": {}})) == "unknown tool: nope" and sim.calls == 1
+
+    def broken(prompt: str) -> str:
+        raise RuntimeError("backend down")
+
+    for fn in (broken, lambda p: "no json here"):
+        sim = LLMToolSimulator(fn, max_retries=2)
+        assert error_of(sim.respond(WEATHER)) == "tool simulator failed" and sim.calls == 3 and sim.failures == 1
+
+
+# ------------------------------------------------------------------------------------------------ environment
+def test_environment_answers_single_parallel_and_multi_step_gold_replies(task):
+    env, sim = task.environment(), ToolSimulator()
+    assert env.max_turns == 10 and env.max_response_chars == 300
+    for subset in ("single", "parallel", "multi"):
+        row = rows_of(task, "test", subset)[0]
+        frozen = copy.deepcopy(row)
+        gold = normalize_gold_calls(row["gold_tool_calls"])
+        for turn, step in enumerate(gold):
+            fb = env.step(row, turn, tool_call_text(step))
+            expected = [sim.respond(c) for c in step]
+            assert not fb.done and fb.score is None
+            assert fb.messages == [{"role": "tool", "content": r} for r in expected]
+            assert fb.info["tool_responses"] == expected and all("error" not in json.loads(r) for r in expected)
+        final = env.step(row, len(gold), "Here is what I found: it is sunny.")
+        assert final.done and final.messages == [] and final.info["tool_responses"] == []
+        assert row == frozen  # rows are shared by the n rollouts of a prompt: never mutated
+    parallel = rows_of(task, "test", "parallel")[0]
+    assert len(env.step(parallel, 0, tool_call_text(normalize_gold_calls(parallel["gold_tool_calls"])[0])).messages) == 2
+
+
+def test_environment_answers_invalid_blocks_with_errors_and_truncates():
+    row = {"prompt": [], "tools": json.dumps([SCHEMAS["get_weather"], SCHEMAS["get_time"]]),
+           "allowed_tools": ["get_weather", "get_time"]}
+    env = ToolEnvironment(max_turns=3)
+    call = json.dumps(WEATHER)
+    reply = (f"<think><tool_call>ignored</tool_call></think><tool_call>{call}</tool_call> <tool_call>{{bad json"
+             "</tool_call><tool_call>{\"name\": \"send_email\", \"arguments\": {}}</tool_call>"
+             "<tool_call>[{\"name\": \"get_time\"}]</tool_call><tool_call>{\"name\": \"get_time\"")
+    fb = env.step(row, 0, reply)
+    responses = fb.info["tool_responses"]
+    assert not fb.done and len(fb.messages) == 5 and responses[0] == ToolSimulator().respond(WEATHER)
+    assert [error_of(r) for r in responses[1:]] == [
+        "invalid JSON in <tool_call>", "unknown tool: send_email", "a call needs an arguments object",
+        "unmatched tag: write <tool_call>{...}</tool_call>"]
+    assert env.step(row, 0, "<think><tool_call>" + call + "</tool_call></think>It is sunny.").done
+    assert env.step(row, 2, f"<tool_call>{call}</tool_call>").done  # the last allowed turn
+    short = ToolEnvironment(max_response_chars=40).step(row, 0, f"<tool_call>{call}</tool_call>").messages[0]["content"]
+    assert len(short) == 40 and short.endswith(TRUNCATED) and truncate("abc", 40) == "abc"
+    many = ToolEnvironment(max_calls_per_turn=2).step(row, 0, f"<tool_call>[{call}, {call}, {call}]</tool_call>")
+    assert len(many.messages) == 3 and error_of(many.messages[2]["content"]).startswith("too many calls")
+
+
+# ------------------------------------------------------------------------------------------------ demonstrations
+def test_demonstrations_match_the_reward_the_environment_and_the_test_split(task):
+    env, reward = task.environment(), HierRReward()
+    test_ids, seen = set(task.dataset("test")["id"]), Counter()
+    pairs = list(task.demonstration_rows(120, seed=7))
+    assert [d for _, d in pairs] == list(task.demonstrations(120, seed=7))
+    for row, demo in pairs:
+        seen[row["subset"]] += 1
+        assert row["id"] not in test_ids and demo["tools"] == json.loads(row["tools"])
+        messages = demo["messages"]
+        assert messages[0] == {"role": "user", "content": row["question"]} and messages[-1]["role"] == "assistant"
+        replies = [m["content"] for m in messages if m["role"] == "assistant"]
+        tool_messages = [m["content"] for m in messages if m["role"] == "tool"]
+        parts = tool_process_score("\n".join(replies), row["gold_tool_calls"], row["allowed_tools"])
+        scored = reward(row, replies, tool_responses=tool_messages)
+        assert "<tool_call>" not in replies[-1] and scored["should_call_but_no_call"] == 0
+        if row["subset"] == "irrelevant":  # no tag: format is 0, so 0.9 is the most an irrelevant row can get
+            assert parts["process"] == pytest.approx(0.9) and tool_messages == [] and len(replies) == 1
+            continue
+        assert parts["process"] == pytest.approx(1.0)
+        assert scored["summary"] >= 0.5  # the rubric judge finds the facts of the responses in the summary
+        replayed = []  # the environment answers the gold turns with exactly the demo's tool messages
+        for turn, reply in enumerate(replies):
+            fb = env.step(row, turn, reply)
+            assert fb.done == (turn == len(replies) - 1)
+            replayed += fb.info["tool_responses"]
+        assert replayed == tool_messages
+    assert set(seen) == set(SUBSETS)
+
+
+def test_dependent_second_steps_use_the_first_result(task):
+    sim = ToolSimulator()
+    rows = [r for r in task.dataset("train") if r["id"].startswith(("stock_convert:", "restaurant_event:"))]
+    assert rows
+    for row in rows:
+        first, second = (step[0] for step in normalize_gold_calls(row["gold_tool_calls"]))
+        result = json.loads(sim.respond(first))
+        if first["name"] == "get_stock_price":
+            assert second["arguments"]["amount"] == result["price"]
+        else:
+            assert second["arguments"]["title"] == f"Dinner at {result['name']}"
+    assert fact("get_weather", WEATHER["arguments"], sim.respond(WEATHER)).startswith("The weather in Seoul on 2026-11-30 is ")
+    assert fact("get_weather", {}, '{"error":"boom"}') == "get_weather failed: boom."
+
+
+# ------------------------------------------------------------------------------------------------ parquet
+def _schema_json(*names: str) -> str:
+    return json.dumps([SCHEMAS[n] for n in names])
+
+
+def _record(question, names, gold, subset, index):
+    return {"prompt": [{"role": "user", "content": question}], "data_source": "toucan_toolcall",
+            "tools": _schema_json(*names),
+            "reward_model": {"style": "rule", "ground_truth": {
+                "allowed_tools": list(names), "gold_tool_calls": gold, "question_content": question,
+                "tool_schemas": _schema_json(*names), "subset_name": subset}},
+            "extra_info": {"need_tools_kwargs": True, "original_turn_index": 0, "index": index}}
+
+
+def test_toucan_parquet_loader(tmp_path):
+    nested = [
+        _record("Will it rain in Seoul on 2026-11-30?", ["get_weather"], [[WEATHER]], "single", 0),
+        _record("Time in Oslo and Lima?", ["get_time", "get_weather"],
+                [[{"name": "get_time", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {"city": "Lima"}}]],
+                "parallel", 1),
+        _record("Hi there!", ["get_news"], [], "irrelevant", 2),
+    ]
+    table = pa.Table.from_pylist(nested)  # arguments become one struct {city, date}: None gaps to drop
+    assert pa.types.is_struct(table.schema.field("reward_model").type)
+    pq.write_table(table, tmp_path / "nested.parquet")
+    flat = [_record("Weather then news?", ["get_weather", "get_news"], ["get_weather", "get_news"], "multi", 3),
+            _record("Thanks!", ["get_news"], [], "irrelevant", 4)]
+    flat[0]["extra_info"] = {"need_tools_kwargs": True, "original_turn_index": 0}  # no index: file-row id
+    flat[1]["extra_info"] = {"need_tools_kwargs": True, "original_turn_index": 0}
+    pq.write_table(pa.Table.from_pylist(flat), tmp_path / "flat.parquet")
+
+    ds = load_toucan_parquet(tmp_path / "nested.parquet")
+    assert ds.column_names == ["prompt", "tools", "gold_tool_calls", "allowed_tools", "question", "subset", "id"]
+    rows = ds.to_list()
+    assert json.loads(rows[0]["gold_tool_calls"]) == [[WEATHER]]
+    assert json.loads(rows[1]["gold_tool_calls"])[0][1] == {"name": "get_time", "arguments": {"city": "Lima"}}
+    assert json.loads(rows[2]["gold_tool_calls"]) == [] and rows[2]["subset"] == "irrelevant"
+    assert [r["id"] for r in rows] == ["0", "1", "2"] and rows[1]["allowed_tools"] == ["get_time", "get_weather"]
+    assert rows[0]["prompt"] == [{"role": "user", "content": rows[0]["question"]}]
+    assert json.loads(rows[1]["tools"]) == [SCHEMAS["get_time"], SCHEMAS["get_weather"]]
+
+    flat_rows = load_toucan_parquet(tmp_path / "flat.parquet").to_list()
+    assert json.loads(flat_rows[0]["gold_tool_calls"]) == [[{"name": "get_weather", "arguments": {}}],
+                                                           [{"name": "get_news", "arguments": {}}]]
+    assert [r["id"] for r in flat_rows] == ["flat-0", "flat-1"]
+    assert len(load_toucan_parquet(tmp_path)) == 5  # a directory: every parquet file in it
+
+    # The loaded rows work with the environment and the reward.
+    reply = tool_call_text(normalize_gold_calls(rows[1]["gold_tool_calls"])[0])
+    assert len(ToolEnvironment().step(rows[1], 0, reply).messages) == 2
+    assert tool_process_score(reply, rows[1]["gold_tool_calls"], rows[1]["allowed_tools"])["process"] == 1.0
+    demo = gold_conversation(rows[0], ToolSimulator())
+    assert demo["messages"][1]["content"] == tool_call_text([WEATHER])
+
+    task = ToolCallTask(parquet_path=str(tmp_path), num_test=2, num_train=None, seed=1)
+    train, test = task.dataset("train"), task.dataset("test")
+    assert len(train) == 3 and len(test) == 2 and not set(train["id"]) & set(test["id"])
+    split = ToolCallTask(parquet_path=tmp_path / "nested.parquet", test_parquet_path=tmp_path / "flat.parquet",
+                         subsets=["single", "multi", "irrelevant"])
+    assert split.dataset("train")["subset"] == ["single", "irrelevant"] and len(split.dataset("test")) == 2
+    demos = list(split.demonstrations(3, seed=0))
+    assert len(demos) == 3 and all(d["messages"][1]["content"] == tool_call_text([WEATHER]) for d in demos)
+    flat_only = ToolCallTask(parquet_path=tmp_path / "flat.parquet", test_parquet_path=tmp_path / "nested.parquet")
+    with pytest.raises(ValueError, match="fit its tool schemas"):  # names without arguments teach errors
+        next(iter(flat_only.demonstrations(1, seed=0)))
