@@ -42,8 +42,8 @@ def compose_train(overrides: list[str], output_dir: Path, cache_dir: Path) -> Di
 
 @pytest.fixture
 def make_cfg(tmp_path, cache_dir):
-    def make(*overrides: str, fast_model: bool = True) -> DictConfig:
-        return compose_train([*FAST_TASK, *(FAST_MODEL if fast_model else []), *overrides], tmp_path / "run",
-                             cache_dir)
+    def make(*overrides: str, fast_model: bool = True, fast_task: bool = True) -> DictConfig:
+        fast = [*(FAST_TASK if fast_task else []), *(FAST_MODEL if fast_model else [])]
+        return compose_train([*fast, *overrides], tmp_path / "run", cache_dir)
 
     return make

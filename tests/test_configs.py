@@ -9,6 +9,7 @@ from hydra.utils import instantiate
 from lit_credit.credit import CreditEstimator
 from lit_credit.train import CONF_DIR, build
 
+TOOLCALL_SMALL = ["model.embedded.sft_steps=2", "task.num_train=40", "task.num_test=8"]
 GROUP_FILES = sorted(p for p in CONF_DIR.rglob("*.yaml") if p.parent != CONF_DIR and "cli" not in p.parts)
 
 
@@ -34,7 +35,8 @@ def test_config_composes_and_instantiates(path, make_cfg, tmp_path):
         embedded = instantiate(make_cfg().model).resolve()  # any local HF directory will do
         cfg = make_cfg("model=hf", f"model.path={embedded}", "model.dtype=float32", fast_model=False)
     else:
-        cfg = make_cfg(f"{group}={name}")
+        cfg = make_cfg(f"{group}={name}", *TOOLCALL_SMALL, fast_task=False) if "toolcall" in name else \
+            make_cfg(f"{group}={name}")
     if group in ("experiment", "debug", "method"):
         module, datamodule, _trainer = build(cfg)
         assert isinstance(module.credit, CreditEstimator)

@@ -53,6 +53,22 @@ def _range_stats(values: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]
     return mean, vmin, vmax
 
 
+def _clip_metrics(ratio: Tensor, clipped: Tensor, present: Tensor, log_ratio: Tensor, valid: Tensor
+                  ) -> dict[str, Tensor]:
+    """Clip fractions and ratio range over the ``present`` entries (tokens or sequences), and the token
+    mean of ``-log_ratio`` (k1 estimate of ``KL(pi_old || pi)``)."""
+    ratio_mean, ratio_min, ratio_max = _range_stats(ratio, present)
+    return {
+        "clip_frac": masked_mean(clipped.to(ratio.dtype), present),
+        "clip_frac_low": masked_mean((clipped & (ratio < 1.0)).to(ratio.dtype), present),
+        "clip_frac_high": masked_mean((clipped & (ratio > 1.0)).to(ratio.dtype), present),
+        "ratio_mean": ratio_mean,
+        "ratio_min": ratio_min,
+        "ratio_max": ratio_max,
+        "ppo_kl": masked_mean(-log_ratio.detach(), valid),
+    }
+
+
 class Surrogate(abc.ABC):
     """Base of the per-token policy-gradient surrogates used by :class:`PolicyLoss`.
 
@@ -108,18 +124,7 @@ class ClippedSurrogate(Surrogate):
         ratio = torch.exp(log_ratio)
         loss, is_clipped = _clipped_objective(ratio, adv, self.clip_low, self.clip_high)
         with torch.no_grad():
-            r = ratio.detach()
-            is_clipped = is_clipped & valid
-            ratio_mean, ratio_min, ratio_max = _range_stats(r, valid)
-            metrics = {
-                "clip_frac": masked_mean(is_clipped.to(r.dtype), valid),
-                "clip_frac_low": masked_mean((is_clipped & (r < 1.0)).to(r.dtype), valid),
-                "clip_frac_high": masked_mean((is_clipped & (r > 1.0)).to(r.dtype), valid),
-                "ratio_mean": ratio_mean,
-                "ratio_min": ratio_min,
-                "ratio_max": ratio_max,
-                "ppo_kl": masked_mean(-log_ratio.detach(), valid),
-            }
+            metrics = _clip_metrics(ratio.detach(), is_clipped & valid, valid, log_ratio, valid)
         return loss, metrics
 
 
@@ -171,17 +176,7 @@ class GSPOSurrogate(Surrogate):
         ratio = torch.exp(tok_log_ratio)
         loss, is_clipped = _clipped_objective(ratio, adv, self.clip_low, self.clip_high)
         with torch.no_grad():
-            s = torch.exp(seq_log_ratio.detach())  # [B]
             present = valid.any(-1)
             seq_clipped = (is_clipped & valid).any(-1)
-            ratio_mean, ratio_min, ratio_max = _range_stats(s, present)
-            metrics = {
-                "clip_frac": masked_mean(seq_clipped.to(s.dtype), present),
-                "clip_frac_low": masked_mean((seq_clipped & (s < 1.0)).to(s.dtype), present),
-                "clip_frac_high": masked_mean((seq_clipped & (s > 1.0)).to(s.dtype), present),
-                "ratio_mean": ratio_mean,
-                "ratio_min": ratio_min,
-                "ratio_max": ratio_max,
-                "ppo_kl": masked_mean(-log_ratio.detach(), valid),
-            }
+            metrics = _clip_metrics(torch.exp(seq_log_ratio.detach()), seq_clipped, present, log_ratio, valid)
         return loss, metrics

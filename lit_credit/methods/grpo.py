@@ -89,6 +89,7 @@ class GRPOModule(L.LightningModule):
             ref_logp = self._logprobs(self.reference, batch)[0] if self.reference is not None else None
         credit = self.credit(batch)
         advantages, mask = credit.advantages, batch.response_mask
+        logs.update(self.credit_diagnostics(batch, advantages))
 
         opt, sched = self.optimizers(), self.lr_schedulers()
         gap, entropy, updates = [], [], []
@@ -129,6 +130,10 @@ class GRPOModule(L.LightningModule):
         })
         self.log_dict(logs, batch_size=len(rows), prog_bar=False)
         self.log("reward", logs["train/reward/mean"], prog_bar=True, logger=False, batch_size=len(rows))
+
+    def credit_diagnostics(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
+        """Extra per-step diagnostics of a method, computed before the update (none for plain GRPO)."""
+        return {}
 
     def _clip(self, opt) -> float:
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]

@@ -1,4 +1,14 @@
 from lit_credit.rewards.base import Reward
 from lit_credit.rewards.exact_match import ExactMatchReward, parse_final_integer
+from lit_credit.rewards.hierr import (
+    HierRReward,
+    final_reply,
+    normalize_gold_calls,
+    parse_tool_calls,
+    tool_process_score,
+)
+from lit_credit.rewards.judges import JudgeResult, LLMJudge, RubricJudge, SummaryJudge, parse_rating
 
-__all__ = ["ExactMatchReward", "Reward", "parse_final_integer"]
+__all__ = ["ExactMatchReward", "HierRReward", "JudgeResult", "LLMJudge", "Reward", "RubricJudge", "SummaryJudge",
+           "final_reply", "normalize_gold_calls", "parse_final_integer", "parse_rating", "parse_tool_calls",
+           "tool_process_score"]

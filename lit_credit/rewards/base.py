@@ -1,15 +1,18 @@
 """The Reward protocol: one finished episode in, named reward parts out (``score`` is the total)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
 class Reward(Protocol):
-    """Scores one episode. ``replies`` are the assistant turns' texts, in order.
+    """Scores one episode. ``replies`` are the assistant turns' texts, in order; ``tool_responses`` are
+    the environment's answers the policy saw (tool outputs, in order), for rewards that judge their use.
 
     Returns a dict of floats that always holds ``score``; other keys are logged as reward parts.
     Bad model output is never an exception: it scores 0 and the reason is a part (e.g. ``format``).
     """
 
-    def __call__(self, row: dict[str, Any], replies: list[str]) -> dict[str, float]: ...
+    def __call__(self, row: dict[str, Any], replies: list[str],
+                 tool_responses: Sequence[str] | None = None) -> dict[str, float]: ...

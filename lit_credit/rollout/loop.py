@@ -4,6 +4,7 @@ Policy tokens get response mask 1 and their turn index; prompt and injected toke
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,6 +27,7 @@ class Episode:
     replies: list[str] = field(default_factory=list)
     turn_scores: list[float | None] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
+    tool_responses: list[str] = field(default_factory=list)  # what the environment answered, in order
 
     def __post_init__(self) -> None:
         pad = len(self.token_ids) - len(self.response_mask)
@@ -49,10 +51,16 @@ class Episode:
         self.logprobs += [0.0] * len(ids)
 
 
+def tool_schemas(row: dict[str, Any]) -> list[dict] | None:
+    """The row's tool schemas; datasets store them as a JSON string (one struct type for every row)."""
+    tools = row.get("tools")
+    return json.loads(tools) if isinstance(tools, str) else tools
+
+
 def run_episodes(engine: RolloutEngine, codec: ChatCodec, env: Environment, rows: list[dict[str, Any]],
                  group_ids: list[int], sampling: SamplingParams, max_turns: int = 1) -> list[Episode]:
     """``sampling.n`` episodes per row (grouped by ``group_ids``), each up to ``max_turns`` assistant turns."""
-    prompts = [codec.prompt_ids(r["prompt"], r.get("tools")) for r in rows]
+    prompts = [codec.prompt_ids(r["prompt"], tool_schemas(r)) for r in rows]
     episodes = [Episode(row=r, group=g, token_ids=list(p))
                 for r, g, p in zip(rows, group_ids, prompts) for _ in range(sampling.n)]
     completions = [c for per_prompt in engine.generate(prompts, sampling) for c in per_prompt]
@@ -66,6 +74,7 @@ def run_episodes(engine: RolloutEngine, codec: ChatCodec, env: Environment, rows
             ep.turn_scores.append(fb.score)
             if fb.done or turn == max_turns - 1:
                 continue
+            ep.tool_responses += fb.info.get("tool_responses", [])
             closed = bool(completion.token_ids) and completion.token_ids[-1] == codec.eos_id
             ep.add_feedback(codec.feedback_ids(fb.messages, reply_closed=closed))
             still.append(i)
