@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 _INT = re.compile(r"-?\d+")
@@ -19,7 +20,8 @@ class ExactMatchReward:
     Parts: ``correct`` (same as score), ``format`` (1 when the reply is exactly one integer).
     """
 
-    def __call__(self, row: dict[str, Any], replies: list[str], tool_responses=None) -> dict[str, float]:
+    def __call__(self, row: dict[str, Any], replies: list[str],
+                 tool_responses: Sequence[str] | None = None) -> dict[str, float]:
         reply = replies[-1].strip() if replies else ""
         value = parse_final_integer(reply)
         correct = float(value is not None and str(value) == str(row["answer"]).strip())

@@ -116,11 +116,19 @@ def exported_state_dict(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Modul
 
     FSDP2/DTensor models are gathered to a full CPU state dict (rank 0 gets it, other ranks get ``{}``).
     PEFT models have their adapters merged for the duration of the ``with`` block (LoRA by merged
-    weights) and unmerged on exit; the yielded tensors may alias parameters, so use them inside the block.
+    weights) and unmerged on exit, the adapted base weights restored exactly (a copy of them is held
+    meanwhile); the yielded tensors may alias parameters, so use them inside the block.
     """
     peft = _is_peft(model)
     merge = peft and not _adapters_merged(model)
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
     if merge:
+        # merge + unmerge is not exact in floating point (W + BA - BA != W; badly so in bf16): keep the
+        # adapted base weights and put them back bit-for-bit afterwards.
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        saved = [(p, p.detach().clone()) for m in model.modules() if isinstance(m, BaseTunerLayer)
+                 for p in m.get_base_layer().parameters(recurse=False)]
         model.merge_adapter()
     try:
         if _is_sharded(model):
@@ -133,6 +141,9 @@ def exported_state_dict(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Modul
     finally:
         if merge:
             model.unmerge_adapter()
+            with torch.no_grad():
+                for param, value in saved:
+                    param.copy_(value)
 
 
 @contextlib.contextmanager
