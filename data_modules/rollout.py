@@ -31,7 +31,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     def __init__(self, task: Task, reward: Reward, engine: RolloutEngine | None = None,
                  sampling: SamplingParams | None = None, prompts_per_step: int = 8, max_turns: int | None = None,
-                 val_prompts: int = 64, val_sampling: SamplingParams | None = None, seed: int = 0) -> None:
+                 val_prompts: int = 64, val_sampling: SamplingParams | None = None,
+                 max_feedback_tokens: int | None = None, seed: int = 0) -> None:
         super().__init__()
         self.task, self.reward = task, reward
         self.engine = engine if engine is not None else HFEngine()
@@ -42,6 +43,7 @@ class RolloutDataModule(L.LightningDataModule):
         if prompts_per_step < 1:
             raise ValueError(f"data.prompts_per_step={prompts_per_step}: must be >= 1")
         self.prompts_per_step, self.val_prompts, self.seed = prompts_per_step, val_prompts, seed
+        self.max_feedback_tokens = max_feedback_tokens
         self.env = task.environment()
         self.max_turns = max_turns if max_turns is not None else self.env.max_turns
         self.val_sampling = val_sampling or SamplingParams(n=1, greedy=True,
@@ -67,7 +69,7 @@ class RolloutDataModule(L.LightningDataModule):
         """Give the engine the policy (once) and weights after every optimiser step."""
         if self._bound is not model:
             self.engine.bind(model, tokenizer)
-            self.codec, self._bound = ChatCodec(tokenizer), model
+            self.codec, self._bound = ChatCodec(tokenizer, self.max_feedback_tokens), model
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.engine.update_weights(model)

@@ -108,3 +108,14 @@ def test_multi_turn_loop_masks_injected_feedback(policy):
         assert lengths[i] == len(ep.token_ids)
         assert (batch.input_ids[i, lengths[i]:] == codec.pad_id).all()
     assert batch.reward_parts["correct"].tolist() == [1.0, 1.0]
+
+
+def test_feedback_is_capped_at_a_token_budget(policy):
+    _, tok, _ = policy
+    long = "Try again. " * 40
+    capped = ChatCodec(tok, max_feedback_tokens=5)
+    content = tok.decode(tok(long, add_special_tokens=False)["input_ids"][:5]) + "...[truncated]"
+    assert capped.feedback_ids([{"role": "tool", "content": long}]) == \
+        ChatCodec(tok).feedback_ids([{"role": "tool", "content": content}])
+    short = [{"role": "tool", "content": "Try again."}]
+    assert capped.feedback_ids(short) == ChatCodec(tok).feedback_ids(short)  # under the budget: untouched

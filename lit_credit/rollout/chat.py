@@ -10,8 +10,11 @@ from typing import Any
 
 
 class ChatCodec:
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+    """Tokenises conversation pieces. ``max_feedback_tokens`` caps the content of each injected message
+    (a tool response, verifier feedback) at that many tokens, marked ``...[truncated]``; None: no cap."""
+
+    def __init__(self, tokenizer: Any, max_feedback_tokens: int | None = None) -> None:
+        self.tokenizer, self.max_feedback_tokens = tokenizer, max_feedback_tokens
         self.eos_id: int = tokenizer.eos_token_id
         self.pad_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -26,7 +29,14 @@ class ChatCodec:
     def reply_ids(self, text: str) -> list[int]:
         return [*self._encode(text), self.eos_id]
 
+    def _truncate(self, content: str) -> str:
+        ids = self._encode(content)
+        if self.max_feedback_tokens is None or len(ids) <= self.max_feedback_tokens:
+            return content
+        return self.tokenizer.decode(ids[: self.max_feedback_tokens]) + "...[truncated]"
+
     def feedback_ids(self, messages: list[dict[str, str]], reply_closed: bool = True) -> list[int]:
+        messages = [{**m, "content": self._truncate(m["content"])} for m in messages]
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return self._encode(("" if reply_closed else self.tokenizer.eos_token) + "\n" + text)
 

