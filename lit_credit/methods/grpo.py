@@ -18,6 +18,8 @@ from lit_credit.types import RolloutBatch
 
 # Checkpoints hold the state after step N's update, consistent with global_step = N: that is what we want.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+# The frozen reference is in eval mode on purpose (and HF policies load in eval mode: no dropout in RL).
+warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
 
 def nonzero_variance_groups(batch: RolloutBatch) -> torch.Tensor:

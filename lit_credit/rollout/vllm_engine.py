@@ -39,6 +39,7 @@ group when none exists (kept: vLLM needs it), and sets a few ``VLLM_*``/inductor
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -295,6 +296,9 @@ class VLLMEngine:
         if self._cleanup is not None:
             self._cleanup()
             self._cleanup = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     # -- weights -----------------------------------------------------------------------------------------------
     def update_weights(self, model: torch.nn.Module) -> None:
@@ -337,6 +341,8 @@ class VLLMEngine:
 
     # -- sampling ----------------------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+        """``sampling.n`` completions per prompt (a sleeping engine is woken first); greedy decodes once and
+        repeats the result ``n`` times, as HFEngine does."""
         if self.llm is None:
             raise RuntimeError("VLLMEngine.generate before bind(model, tokenizer)")
         if not prompts:
