@@ -8,13 +8,15 @@ from pathlib import Path
 
 import lightning as L
 
+from lit_credit.models.state import full_state_dict, is_sharded
 
-def save_pretrained_atomic(model, tokenizer, target: Path) -> Path:
+
+def save_pretrained_atomic(model, tokenizer, target: Path, state_dict: dict | None = None) -> Path:
     """Write model + tokenizer to a temporary sibling directory, then swap it in with a rename."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
         old = None
         if target.exists():
@@ -39,8 +41,10 @@ class HFExport(L.Callback):
         self.dirpath, self.every_n_steps, self.keep_steps = Path(dirpath), every_n_steps, keep_steps
 
     def _export(self, trainer: L.Trainer, pl_module: L.LightningModule, name: str) -> None:
+        policy = pl_module.policy
+        state = full_state_dict(policy) if is_sharded(policy) else None  # a collective: every rank gathers
         if trainer.is_global_zero:
-            save_pretrained_atomic(pl_module.policy, pl_module.tokenizer, self.dirpath / name)
+            save_pretrained_atomic(policy, pl_module.tokenizer, self.dirpath / name, state_dict=state)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step

@@ -59,6 +59,28 @@ class GRPOModule(L.LightningModule):
         if loss.kl_coef > 0:
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
 
+    def configure_model(self) -> None:
+        """FSDP2 under ``ModelParallelStrategy``: ``fully_shard`` each decoder layer, then the policy root.
+
+        A no-op without a device mesh (single device, DDP) and when the policy is already sharded. Lightning
+        calls it before ``configure_optimizers``, so the optimiser sees the sharded (DTensor) parameters. The
+        frozen reference stays whole on every rank.
+        """
+        mesh = self.device_mesh
+        if mesh is None:
+            return
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        if isinstance(self.policy, FSDPModule):
+            return
+        names = mesh.mesh_dim_names or ()
+        dp_mesh = mesh["data_parallel"] if "data_parallel" in names and mesh.ndim > 1 else mesh
+        blocks = set(getattr(self.policy, "_no_split_modules", None) or ())
+        for module in self.policy.modules():
+            if type(module).__name__ in blocks:
+                fully_shard(module, mesh=dp_mesh)
+        fully_shard(self.policy, mesh=dp_mesh)
+
     def configure_optimizers(self):
         opt = self.optimizer_factory(self.policy.parameters())
         if self.scheduler_factory is None:
@@ -76,7 +98,9 @@ class GRPOModule(L.LightningModule):
         start = time.perf_counter()
         self.rollouts.bind(self.policy, self.tokenizer)
         batch = self.rollouts.generate_experience(rows).to(self.device)
-        logs = {**self.rollout_metrics(batch, "train"), "perf/generation_s": self.rollouts.last_generation_s}
+        generation_s = self.rollouts.last_generation_s
+        logs = {**self.rollout_metrics(batch, "train"), "perf/generation_s": generation_s,
+                "perf/rollout_tokens_per_s": batch.response_mask.sum().item() / max(generation_s, 1e-9)}
         if self.dynamic_sampling:
             keep = nonzero_variance_groups(batch)
             logs["train/kept_frac"] = keep.float().mean().item()
@@ -129,6 +153,8 @@ class GRPOModule(L.LightningModule):
             "train/lr": opt.param_groups[0]["lr"],
             "perf/step_s": elapsed,
             "perf/tokens_per_s": batch.attention_mask.sum().item() / elapsed,
+            "perf/train_tokens_per_s": batch.attention_mask.sum().item() * self.ppo_epochs
+            / max(elapsed - generation_s, 1e-9),
         })
         self.log_dict(logs, batch_size=len(rows), prog_bar=False)
         self.log("reward", logs["train/reward/mean"], prog_bar=True, logger=False, batch_size=len(rows))

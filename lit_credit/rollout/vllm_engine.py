@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from lit_credit.models.state import full_state_dict
 from lit_credit.types import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -103,14 +104,6 @@ def _adapters_merged(model: torch.nn.Module) -> bool:
     return any(isinstance(m, BaseTunerLayer) and m.merged for m in model.modules())
 
 
-def _is_sharded(model: torch.nn.Module) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return False
-    return any(isinstance(p, DTensor) for p in model.parameters())
-
-
 @contextlib.contextmanager
 def exported_state_dict(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, dict[str, torch.Tensor]]]:
     """Yield ``(hf_model, state)``: the plain HF model (for its config) and its full state dict, HF names.
@@ -132,12 +125,7 @@ def exported_state_dict(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Modul
                  for p in m.get_base_layer().parameters(recurse=False)]
         model.merge_adapter()
     try:
-        if _is_sharded(model):
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            raw = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        else:
-            raw = model.state_dict()
+        raw = full_state_dict(model)
         yield (model.get_base_model() if peft else model), hf_state_dict(raw)
     finally:
         if merge:
