@@ -177,7 +177,7 @@ class GRPOModule(L.LightningModule):
             **{f"{stage}/reward/{k}": v.float().mean().item() for k, v in batch.reward_parts.items() if v.dim() == 1},
             f"{stage}/zero_variance_groups": 1.0 - nonzero_variance_groups(batch).float().mean().item(),
             f"{stage}/response_length": lengths.mean().item(),
-            f"{stage}/truncated": sum(f[-1] == "length" for m in batch.metadata for f in [m["finish"]]) / len(batch),
+            f"{stage}/truncated": sum(m["finish"][-1] == "length" for m in batch.metadata) / len(batch),
         }
 
     def validation_step(self, rows: list[dict[str, Any]], batch_idx: int) -> None:
