@@ -145,6 +145,7 @@ class GRPOModule(L.LightningModule):
                                f"{self.max_logprob_gap}: the engine is sampling from stale weights (weight sync "
                                "did not take)")
         elapsed = time.perf_counter() - start
+        tokens = batch.attention_mask.sum().item()
         logs.update({k: sum(m[k] for m in updates) / len(updates) for k in updates[0]})
         logs.update(credit.metrics)
         logs.update({
@@ -152,9 +153,8 @@ class GRPOModule(L.LightningModule):
             "train/entropy": torch.stack(entropy).mean().item(),
             "train/lr": opt.param_groups[0]["lr"],
             "perf/step_s": elapsed,
-            "perf/tokens_per_s": batch.attention_mask.sum().item() / elapsed,
-            "perf/train_tokens_per_s": batch.attention_mask.sum().item() * self.ppo_epochs
-            / max(elapsed - generation_s, 1e-9),
+            "perf/tokens_per_s": tokens / elapsed,
+            "perf/train_tokens_per_s": tokens * self.ppo_epochs / max(elapsed - generation_s, 1e-9),
         })
         self.log_dict(logs, batch_size=len(rows), prog_bar=False)
         self.log("reward", logs["train/reward/mean"], prog_bar=True, logger=False, batch_size=len(rows))
@@ -167,8 +167,8 @@ class GRPOModule(L.LightningModule):
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
         return float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
 
-    @staticmethod
-    def rollout_metrics(batch: RolloutBatch, stage: str) -> dict[str, float]:
+    def rollout_metrics(self, batch: RolloutBatch, stage: str) -> dict[str, float]:
+        """Per-batch reward and length statistics under ``<stage>/``; methods add their own (a hook)."""
         scores = batch.scores
         lengths = batch.response_mask.sum(-1)
         return {
