@@ -86,6 +86,6 @@ class RolloutDataModule(L.LightningDataModule):
         start = time.perf_counter()
         groups = [next(self._next_group) for _ in rows]
         episodes = run_episodes(self.engine, self.codec, self.env, rows, groups, sampling, self.max_turns)
-        rewards = [self.reward(e.row, e.replies, tool_responses=e.tool_responses) for e in episodes]
+        rewards = [self.reward(e.row, e.replies, tool_responses=e.tool_responses, turn_scores=e.turn_scores) for e in episodes]
         self.last_generation_s = time.perf_counter() - start
         return to_batch(episodes, rewards, self.codec.pad_id)

@@ -64,10 +64,11 @@ class RolloutBatch:
     behaviour_logprobs: [B, T] float, engine log-probs of the sampled tokens (0 off the response mask);
         position t holds log p(input_ids[t] | input_ids[:t]).
     scores: [B] float, the total reward of each rollout.
-    reward_parts: name -> [B] (or [B, K] for per-turn scores) float components of the reward.
+    reward_parts: name -> [B] float components of the reward; inputs a module adds for its estimator may
+        have more dims (TCPO's counterfactuals: ``alt_scores`` [B, K, M], ``cf_mask`` [B, K]).
     turn_scores: [B, K] float per-turn verifier scores (0 where ``turn_mask`` is 0), or None.
     turn_mask: [B, K] bool, True where rollout i reached turn k, or None.
-    metadata: one dict per rollout (texts, task fields); never used for grouping.
+    metadata: one dict per rollout (``id``, ``replies``, ``finish``, the task ``row``); never used for grouping.
     """
 
     input_ids: Tensor
@@ -99,6 +100,27 @@ class RolloutBatch:
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         return self._map(lambda t: t.to(device))
+
+    def _per_turn(self, values: Tensor, reduce: str, fill: float) -> Tensor:
+        """``values`` [B, T] reduced over the tokens of each turn into [B, K] (``fill`` for turns with none)."""
+        num_turns = self.turn_mask.shape[1] if self.turn_mask is not None else int(self.turn_ids.max()) + 1
+        on_turn = self.turn_ids >= 0
+        index = self.turn_ids.clamp_min(0)
+        out = values.new_full((len(self), max(num_turns, 1)), fill)
+        return out.scatter_reduce(1, index, torch.where(on_turn, values, fill), reduce=reduce, include_self=True)
+
+    def turn_surprisal(self) -> Tensor:
+        """[B, K]: mean negative behaviour log-prob of each turn's tokens (0 for turns not reached)."""
+        on_turn = (self.turn_ids >= 0).float()
+        nll = self._per_turn(-self.behaviour_logprobs * on_turn, "sum", 0.0)
+        count = self._per_turn(on_turn, "sum", 0.0)
+        return nll / count.clamp_min(1)
+
+    def turn_starts(self) -> Tensor:
+        """[B, K] long: the position of each turn's first token (T for turns not reached), so
+        ``input_ids[i, :turn_starts[i, k]]`` is the exact history turn k was sampled from."""
+        positions = torch.arange(self.input_ids.shape[1], device=self.input_ids.device).expand_as(self.turn_ids)
+        return self._per_turn(positions.float(), "amin", float(self.input_ids.shape[1])).long()
 
     def select(self, index: Tensor) -> RolloutBatch:
         """Rows ``index`` (a [N] long or [B] bool tensor) of every per-rollout field."""

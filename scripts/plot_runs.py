@@ -15,7 +15,10 @@ from pathlib import Path
 
 import yaml
 
-from scripts.tb_scalars import scalars
+try:
+    from scripts.tb_scalars import scalars
+except ModuleNotFoundError:  # run as `python scripts/plot_runs.py`: scripts/ itself is on sys.path
+    from tb_scalars import scalars
 
 
 def load_sweep(sweep_dir: str | Path, metric: str, by: str) -> dict[str, list[dict[int, float]]]:

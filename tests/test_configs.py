@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from lit_credit.credit import CreditEstimator
 from lit_credit.train import CONF_DIR, build
@@ -22,7 +23,7 @@ def option(path: Path) -> tuple[str, str]:
 def test_every_group_is_covered():
     groups = {option(p)[0] for p in GROUP_FILES}
     assert {"task", "reward", "model", "rollout", "data", "credit", "method", "trainer", "logger", "callbacks",
-            "paths", "experiment", "debug", "hydra", "hydra/launcher"} <= groups
+            "paths", "experiment", "debug", "hydra", "hydra/launcher", "reward/judge", "task/simulator"} <= groups
 
 
 @pytest.mark.parametrize("path", GROUP_FILES, ids=lambda p: "/".join(option(p)))
@@ -32,12 +33,18 @@ def test_config_composes_and_instantiates(path, make_cfg, tmp_path):
         cfg = make_cfg(f"{group}={name}")  # composing is the test: Hydra itself instantiates these
         assert cfg.seed == 0
         return
+    local_model = name in ("hf", "llm")  # any local HF directory will do: the embedded one
+    embedded = instantiate(make_cfg().model).resolve() if local_model else None
     if group == "model" and name == "hf":
-        embedded = instantiate(make_cfg().model).resolve()  # any local HF directory will do
         cfg = make_cfg("model=hf", f"model.path={embedded}", "model.dtype=float32", fast_model=False)
-    else:
-        cfg = make_cfg(f"{group}={name}", *TOOLCALL_SMALL, fast_task=False) if "toolcall" in name else \
-            make_cfg(f"{group}={name}")
+    elif "/" in group and not group.startswith("hydra"):  # a nested group, e.g. reward/judge, task/simulator
+        parent = {"reward": "reward=hierr", "task": "task=toolcall"}[group.split("/")[0]]
+        model_path = [f"{group.replace('/', '.')}.generate_fn.path={embedded}"] if name == "llm" else []
+        cfg = make_cfg(parent, f"{group}={name}", *model_path, *TOOLCALL_SMALL, fast_task=False)
+    elif "toolcall" in name:
+        cfg = make_cfg(f"{group}={name}", *TOOLCALL_SMALL, fast_task=False)
+    else:  # FAST_TASK's keys are arith's and math_revise's; other tasks are small already
+        cfg = make_cfg(f"{group}={name}", fast_task=name not in ("code_revise",))
     if group in ("experiment", "debug", "method"):
         module, datamodule, _trainer = build(cfg)
         assert isinstance(module.credit, CreditEstimator)
@@ -46,7 +53,7 @@ def test_config_composes_and_instantiates(path, make_cfg, tmp_path):
     if group == "trainer" and cfg.trainer.get("accelerator") in ("gpu", "cuda") and not torch.cuda.is_available():
         assert cfg.trainer.devices  # composed; Lightning refuses a GPU Trainer on a machine without one
         pytest.skip(f"trainer={name} needs a GPU to instantiate")
-    node = cfg[group] if group not in ("paths",) else None
+    node = OmegaConf.select(cfg, group.replace("/", ".")) if group != "paths" else None
     if node is None:
         assert Path(cfg.paths.cache_dir).name
         return

@@ -6,6 +6,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lit_credit.models import EmbeddedPolicy, PolicySource, build_tokenizer, token_logprobs
 from lit_credit.models.sft import encode_demonstration
+from lit_credit.models.tokenizer import TOOLS_INSTRUCTION, tool_signature
 from lit_credit.rollout import ChatCodec
 from lit_credit.tasks import ArithTask
 
@@ -32,6 +33,19 @@ def test_chat_template_is_hermes_and_tool_tags_survive_decoding():
     assert "<tool_call>{}</tool_call>" in decoded and "<tool_response>" in decoded and "<|im_end|>" not in decoded
     # The tags are single tokens, so the policy emits them in one step.
     assert len(tok("<tool_call>", add_special_tokens=False)["input_ids"]) == 1
+
+
+def test_chat_template_lists_tools_as_the_signatures_the_corpus_teaches():
+    tok = build_tokenizer(CORPUS, 300)
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather on a date.",
+                                                "parameters": {"type": "object", "properties": {
+                                                    "city": {"type": "string"}, "days": {"type": "integer"}}}}}
+    bare = {"name": "ping", "parameters": {}}  # no description, no properties, not wrapped in "function"
+    assert tool_signature(weather) == "get_weather(city: string, days: integer) - Weather on a date."
+    assert tool_signature(bare) == "ping()"
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tools=[weather, bare], tokenize=False)
+    assert text == ("<|im_start|>system\n<tools>\nget_weather(city: string, days: integer) - Weather on a date.\n"
+                    f"ping()\n</tools>\n{TOOLS_INSTRUCTION}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
 
 
 def test_embedded_policy_builds_once_and_reloads_with_from_pretrained(tmp_path):
@@ -80,3 +94,29 @@ def test_token_logprobs_match_a_manual_log_softmax():
     p = logits[0].softmax(-1)
     torch.testing.assert_close(entropy[0, 1], -(p * p.log()).sum(), rtol=1e-5, atol=1e-6)
     assert entropy[0, 0] == 0
+
+
+def test_text_generator_is_greedy_decoding_of_a_local_model_and_drives_an_llm_judge(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lit_credit.models import TextGenerator
+    from lit_credit.rewards import LLMJudge
+
+    tok = build_tokenizer(CORPUS, 300)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, pad_token_id=tok.pad_token_id,
+                                 eos_token_id=tok.eos_token_id)).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    generator = TextGenerator(str(tmp_path), max_new_tokens=6)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], add_generation_prompt=True,
+                                  tokenize=False)
+    ids = torch.tensor([tok(ids, add_special_tokens=False)["input_ids"]])
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                              pad_token_id=tok.pad_token_id)[0, ids.shape[1]:]
+    assert generator("What is 3 + 4?") == tok.decode(expected, skip_special_tokens=True)
+    # A random model never writes <rating>N</rating>: every try fails, 1 + max_retries calls, one failure.
+    judge = LLMJudge(generator, max_retries=2, backoff=0)
+    result = judge("Weather in Oslo?", ['{"temp_c": 3}'], "It is 3 C in Oslo today.")
+    assert (result.failed, result.score, judge.calls, judge.failures) == (True, 0.0, 3, 1)

@@ -269,7 +269,16 @@ class TCPOCredit(CreditEstimator):
         self.r0 = r0
         self.eps = eps
 
+    @property
+    def uses_counterfactual(self) -> bool:
+        """Whether ``alt_scores`` change the result (preset ``tcpo`` with ``w_cf != 0``): the module then
+        resamples the selected turns."""
+        return self.preset == "tcpo" and self.w_cf != 0
+
     def __call__(self, batch: RolloutBatch) -> CreditOutput:
+        if batch.turn_scores is None or batch.turn_mask is None:
+            raise ValueError("credit=tcpo needs per-turn verifier scores (batch.turn_scores): use a task whose "
+                             "environment scores every turn (task=math_revise or task=code_revise)")
         parts = batch.reward_parts
         scores, mask = batch.turn_scores, batch.turn_mask.bool()
         adv = tcpo_turn_advantages(

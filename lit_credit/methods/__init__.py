@@ -1,4 +1,5 @@
 from lit_credit.methods.grpo import GRPOModule
 from lit_credit.methods.slca_grpo import SLCAGRPOModule
+from lit_credit.methods.tcpo import TCPOModule
 
-__all__ = ["GRPOModule", "SLCAGRPOModule"]
+__all__ = ["GRPOModule", "SLCAGRPOModule", "TCPOModule"]

@@ -109,13 +109,20 @@ class GRPOModule(L.LightningModule):
                 return
             batch = batch.select(keep)
 
+        extra_start = time.perf_counter()
+        extra = self.augment_experience(batch)
+        extra_s = time.perf_counter() - extra_start
+        logs.update(extra)
+
         single_update = self.ppo_epochs * self.num_minibatches == 1
         with torch.no_grad():
             old_logp = None if single_update else self._logprobs(self.policy, batch)[0]
             ref_logp = self._logprobs(self.reference, batch)[0] if self.reference is not None else None
         credit = self.credit(batch)
         advantages, mask = credit.advantages, batch.response_mask
-        logs.update(self.credit_diagnostics(batch, advantages))
+        diagnostics = self.credit_diagnostics(batch, advantages)
+        if diagnostics and self.logger is not None:  # sparse: straight to the logger, so never repeated stale
+            self.logger.log_metrics(diagnostics, step=self.global_step)
 
         opt, sched = self.optimizers(), self.lr_schedulers()
         gap, entropy, updates = [], [], []
@@ -154,13 +161,22 @@ class GRPOModule(L.LightningModule):
             "train/lr": opt.param_groups[0]["lr"],
             "perf/step_s": elapsed,
             "perf/tokens_per_s": tokens / elapsed,
-            "perf/train_tokens_per_s": tokens * self.ppo_epochs / max(elapsed - generation_s, 1e-9),
+            "perf/train_tokens_per_s": tokens * self.ppo_epochs / max(elapsed - generation_s - extra_s, 1e-9),
         })
+        if extra:
+            logs["perf/extra_experience_frac"] = extra_s / elapsed
         self.log_dict(logs, batch_size=len(rows), prog_bar=False)
         self.log("reward", logs["train/reward/mean"], prog_bar=True, logger=False, batch_size=len(rows))
 
+    def augment_experience(self, batch: RolloutBatch) -> dict[str, float]:
+        """Extra experience a credit estimator needs, added to ``batch`` in place before credit (e.g. TCPO's
+        counterfactual alternatives); returns metrics. When it returns any, the step also logs
+        ``perf/extra_experience_frac``, its share of the step time. None for plain GRPO."""
+        return {}
+
     def credit_diagnostics(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
-        """Extra per-step diagnostics of a method, computed before the update (none for plain GRPO)."""
+        """A method's occasional diagnostics, computed before the update and logged at this step only (none for
+        plain GRPO). Lightning's ``self.log`` would repeat a key's last value at every later step."""
         return {}
 
     def _clip(self, opt) -> float:

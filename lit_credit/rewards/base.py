@@ -8,11 +8,13 @@ from typing import Any, Protocol, runtime_checkable
 @runtime_checkable
 class Reward(Protocol):
     """Scores one episode. ``replies`` are the assistant turns' texts, in order; ``tool_responses`` are
-    the environment's answers the policy saw (tool outputs, in order), for rewards that judge their use.
+    the environment's answers the policy saw (tool outputs, in order), for rewards that judge their use;
+    ``turn_scores`` are the environment's per-turn verifier scores (None where a turn was not scored).
 
     Returns a dict of floats that always holds ``score``; other keys are logged as reward parts.
     Bad model output is never an exception: it scores 0 and the reason is a part (e.g. ``format``).
     """
 
     def __call__(self, row: dict[str, Any], replies: list[str],
-                 tool_responses: Sequence[str] | None = None) -> dict[str, float]: ...
+                 tool_responses: Sequence[str] | None = None,
+                 turn_scores: Sequence[float | None] | None = None) -> dict[str, float]: ...

@@ -21,7 +21,8 @@ class ExactMatchReward:
     """
 
     def __call__(self, row: dict[str, Any], replies: list[str],
-                 tool_responses: Sequence[str] | None = None) -> dict[str, float]:
+                 tool_responses: Sequence[str] | None = None,
+                 turn_scores: Sequence[float | None] | None = None) -> dict[str, float]:
         reply = replies[-1].strip() if replies else ""
         value = parse_final_integer(reply)
         correct = float(value is not None and str(value) == str(row["answer"]).strip())

@@ -386,7 +386,8 @@ class HierRReward:
         self.weights = _weights(weights)
 
     def __call__(self, row: dict[str, Any], replies: list[str],
-                 tool_responses: Sequence[str] | None = None) -> dict[str, float]:
+                 tool_responses: Sequence[str] | None = None,
+                 turn_scores: Sequence[float | None] | None = None) -> dict[str, float]:
         replies = [strip_think(r) if isinstance(r, str) else "" for r in replies or []]
         text = "\n".join(replies)
         gold = normalize_gold_calls(_field(row, "gold_tool_calls"))

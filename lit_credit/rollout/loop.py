@@ -114,5 +114,6 @@ def to_batch(episodes: list[Episode], rewards: list[dict[str, float]], pad_id: i
         reward_parts=parts,
         turn_scores=turn_scores,
         turn_mask=turn_mask,
-        metadata=[{"id": e.row.get("id"), "replies": e.replies, "finish": e.finish_reasons} for e in episodes],
+        metadata=[{"id": e.row.get("id"), "replies": e.replies, "finish": e.finish_reasons, "row": e.row}
+                  for e in episodes],
     )

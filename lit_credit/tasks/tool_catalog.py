@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-CATALOG_VERSION = 1
+CATALOG_VERSION = 2
 SUBSETS = ("single", "parallel", "multi", "irrelevant")
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import datasets
 
+from lit_credit.models.tokenizer import TOOLS_INSTRUCTION, tool_signature
 from lit_credit.rewards.hierr import CLOSE, OPEN, ToolCallBlock, normalize_gold_calls, parse_tool_calls
 from lit_credit.tasks.base import Environment, Feedback, Task
 from lit_credit.tasks.tool_catalog import (
@@ -682,8 +683,8 @@ class ToolCallTask(Task):
             yield demo
 
     def corpus(self, num: int = 2000) -> Iterable[str]:
-        """Per demonstration, its tool schemas as the chat template renders them (``tojson``) and its messages:
-        the schemas are most of a prompt's text, so the tokenizer should learn them."""
+        """Per demonstration, its tools as the chat template lists them (:func:`tool_signature`) and its
+        messages: the tool list is much of a prompt's text, so the tokenizer should learn it."""
         for demo in self.demonstrations(num, seed=12345):
-            yield "\n".join([*(json.dumps(t, ensure_ascii=False) for t in demo["tools"]),
+            yield "\n".join([*(tool_signature(t) for t in demo["tools"]), TOOLS_INSTRUCTION,
                              *(m["content"] for m in demo["messages"])])

@@ -30,12 +30,12 @@ def make_batch(response_mask, group_ids, scores, **fields) -> RolloutBatch:
     """A RolloutBatch around the fields credit reads; token ids, attention and log-probs are filler."""
     b, n_tok = response_mask.shape
     fields.setdefault("turn_ids", torch.full((b, n_tok), -1))
+    fields.setdefault("behaviour_logprobs", torch.zeros(b, n_tok))
     return RolloutBatch(
         input_ids=torch.zeros(b, n_tok, dtype=torch.long),
         attention_mask=torch.ones(b, n_tok, dtype=torch.long),
         response_mask=response_mask,
         group_ids=group_ids,
-        behaviour_logprobs=torch.zeros(b, n_tok),
         scores=scores,
         **fields,
     )

@@ -1,0 +1,90 @@
+"""TCPO (methods.md §2): the GRPO module with turn credit, counterfactual resampling and multi-turn metrics."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from lit_credit.credit.tcpo import select_counterfactual_turns
+from lit_credit.methods.grpo import GRPOModule
+from lit_credit.types import RolloutBatch
+
+
+def turn_metrics(turn_scores: torch.Tensor, turn_mask: torch.Tensor, success: float = 1.0,
+                 max_turns: int = 1) -> dict[str, float]:
+    """Multi-turn outcome metrics of a batch.
+
+    ``pass@turn{k}`` (k = 1..max(max_turns, K)): share of rollouts with a turn scoring >= ``success`` among
+    their first k turns (best-turn pass rate); ``success`` = any turn; ``turns_to_success``: mean 1-based
+    index of the first successful turn over the rollouts that succeed (NaN when none); ``turns``: mean turns.
+
+    Shape:
+        turn_scores: [B, K] float, turn_mask: [B, K] bool.
+    """
+    mask = turn_mask.bool()
+    hit = (turn_scores >= success - 1e-9) & mask
+    within = hit.cummax(1).values.float()
+    within = torch.cat([within, within[:, -1:].expand(-1, max(max_turns - within.shape[1], 0))], 1)
+    solved = hit.any(1)
+    first = hit.float().argmax(1) + 1.0
+    return {**{f"pass@turn{k + 1}": within[:, k].mean().item() for k in range(within.shape[1])},
+            "success": solved.float().mean().item(),
+            "turns_to_success": first[solved].mean().item() if solved.any() else float("nan"),
+            "turns": mask.sum(1).float().mean().item()}
+
+
+class TCPOModule(GRPOModule):
+    """GRPO base + what turn credit needs. The credit estimator is injected as usual: ``credit=tcpo`` (any
+    preset of the ladder), ``credit=mt_grpo`` (the MT-GRPO baseline) or ``credit=grpo``.
+
+    Counterfactual resampling (when the estimator has ``uses_counterfactual``, i.e. preset ``tcpo`` with
+    ``w_cf != 0``): the top ``cf_top_l`` turns per group by ``cf_select`` (``surprisal``: mean negative
+    behaviour log-prob of the turn; ``random``; ``all``) are resampled ``cf_samples`` times from their exact
+    history tokens (``input_ids[i, :turn_starts[i, k]]``) with the rollout engine and sampling settings,
+    each alternative scored by the environment's verifier at that turn; the result is
+    ``reward_parts["alt_scores"]`` [B, K, M] (NaN where not sampled) and ``reward_parts["cf_mask"]`` [B, K].
+
+    Metrics (``<stage>/``): ``pass@turn{k}`` (best-turn pass rate within the first k turns, k = 1..K),
+    ``success`` (= pass@turn K), ``turns_to_success`` (mean 1-based turn of the first success, over the
+    rollouts that succeed), ``turns`` (mean turns taken); ``tcpo/cf_turns`` and ``tcpo/cf_alt_mean`` when
+    counterfactuals run. Credit by turn type and turn index come from the estimator (``credit/turn_type/*``,
+    ``credit/turn/*``).
+    """
+
+    def __init__(self, *args, cf_top_l: int = 5, cf_samples: int = 4, cf_select: str = "surprisal",
+                 success: float = 1.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if cf_samples < 1 or cf_top_l < 1:
+            raise ValueError(f"method.cf_samples={cf_samples}, method.cf_top_l={cf_top_l}: both must be >= 1")
+        self.cf_top_l, self.cf_samples, self.cf_select, self.success = cf_top_l, cf_samples, cf_select, success
+        self._cf_generator = torch.Generator().manual_seed(0)
+
+    def rollout_metrics(self, batch: RolloutBatch, stage: str) -> dict[str, float]:
+        logs = super().rollout_metrics(batch, stage)
+        if batch.turn_scores is None:
+            return logs
+        env = getattr(self.trainer.datamodule, "env", None) if self._trainer is not None else None
+        metrics = turn_metrics(batch.turn_scores, batch.turn_mask, self.success, getattr(env, "max_turns", 1))
+        return logs | {f"{stage}/{k}": v for k, v in metrics.items()}
+
+    @torch.no_grad()
+    def augment_experience(self, batch: RolloutBatch) -> dict[str, float]:
+        if not getattr(self.credit, "uses_counterfactual", False) or batch.turn_scores is None:
+            return {}
+        mask = batch.turn_mask.bool()
+        selected = select_counterfactual_turns(batch.turn_surprisal(), mask, batch.group_ids, top_l=self.cf_top_l,
+                                               mode=self.cf_select, generator=self._cf_generator)
+        rollout, turn = selected.nonzero(as_tuple=True)
+        starts = batch.turn_starts()[rollout, turn].tolist()
+        prefixes = [batch.input_ids[i, :s].tolist() for i, s in zip(rollout.tolist(), starts)]
+        data = self.rollouts
+        alternatives = data.engine.generate(prefixes, replace(data.sampling, n=self.cf_samples)) if prefixes else []
+        rows = [batch.metadata[i]["row"] for i in rollout.tolist()]
+        scores = [[data.env.step(row, k, c.text).score or 0.0 for c in alts]
+                  for row, k, alts in zip(rows, turn.tolist(), alternatives)]
+        alt = torch.full((*mask.shape, self.cf_samples), float("nan"), device=batch.turn_scores.device)
+        if scores:
+            alt[rollout, turn] = torch.tensor(scores, dtype=alt.dtype, device=alt.device)
+        batch.reward_parts["alt_scores"], batch.reward_parts["cf_mask"] = alt, selected
+        return {"tcpo/cf_turns": float(len(prefixes)),
+                "tcpo/cf_alt_mean": alt.nanmean().item() if scores else float("nan")}

@@ -1,0 +1,30 @@
+"""A frozen local model as a text function, for LLM summary judges and LLM tool simulators."""
+from __future__ import annotations
+
+from lit_credit.models.policy import PolicySource
+from lit_credit.rollout.chat import ChatCodec
+from lit_credit.rollout.engine import HFEngine, RolloutEngine
+from lit_credit.types import SamplingParams
+
+
+class TextGenerator:
+    """``generator(prompt) -> text``: greedy decoding of a frozen local HF causal LM.
+
+    ``path`` is a local model directory (never a hub id); ``engine`` any :class:`RolloutEngine`
+    (default :class:`HFEngine`; ``VLLMEngine()`` for vLLM). The prompt is sent as one user message through
+    the tokenizer's chat template; the reply is cut at ``max_new_tokens``. The model is frozen and never
+    receives policy weights.
+    """
+
+    def __init__(self, path: str, engine: RolloutEngine | None = None, max_new_tokens: int = 256,
+                 dtype: str = "float32") -> None:
+        model, tokenizer = PolicySource(path=path, dtype=dtype).load()
+        model.eval().requires_grad_(False)
+        self.engine = engine if engine is not None else HFEngine()
+        self.engine.bind(model, tokenizer)
+        self.codec = ChatCodec(tokenizer)
+        self.sampling = SamplingParams(n=1, greedy=True, max_new_tokens=max_new_tokens)
+
+    def __call__(self, prompt: str) -> str:
+        ids = self.codec.prompt_ids([{"role": "user", "content": prompt}])
+        return self.engine.generate([ids], self.sampling)[0][0].text
