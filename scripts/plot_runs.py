@@ -42,6 +42,25 @@ def summarise(groups: dict[str, list[dict[int, float]]]) -> str:
     return "\n".join(lines)
 
 
+def band(ax, steps: list[int], values: list[list[float]], label: str, **style) -> None:
+    """Mean over runs at each step, with a +- one (sample) std band."""
+    mean = [statistics.mean(v) for v in values]
+    std = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values]
+    ax.plot(steps, mean, label=label, **style)
+    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+
+
+def save(fig, axes, out: str | Path) -> None:
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
 def plot(groups: dict[str, list[dict[int, float]]], metric: str, out: str | Path) -> None:
     import matplotlib
 
@@ -51,18 +70,10 @@ def plot(groups: dict[str, list[dict[int, float]]], metric: str, out: str | Path
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for name, runs in sorted(groups.items()):
         steps = sorted(set.intersection(*(set(r) for r in runs)))
-        values = [[r[s] for r in runs] for s in steps]
-        mean = [statistics.mean(v) for v in values]
-        std = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values]
-        ax.plot(steps, mean, label=f"{name} (n={len(runs)})")
-        ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+        band(ax, steps, [[r[s] for r in runs] for s in steps], f"{name} (n={len(runs)})")
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+    save(fig, [ax], out)
 
 
 def main() -> None:

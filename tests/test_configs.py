@@ -12,6 +12,7 @@ from lit_credit.credit import CreditEstimator
 from lit_credit.train import CONF_DIR, build
 
 TOOLCALL_SMALL = ["model.embedded.sft_steps=2", "task.num_train=40", "task.num_test=8"]
+FORM_SMALL = ["task.num_train=20", "task.num_test=2"]
 GROUP_FILES = sorted(p for p in CONF_DIR.rglob("*.yaml") if p.parent != CONF_DIR and "cli" not in p.parts)
 
 
@@ -23,7 +24,7 @@ def option(path: Path) -> tuple[str, str]:
 def test_every_group_is_covered():
     groups = {option(p)[0] for p in GROUP_FILES}
     assert {"task", "reward", "model", "rollout", "data", "credit", "method", "trainer", "logger", "callbacks",
-            "paths", "experiment", "debug", "hydra", "hydra/launcher", "reward/judge", "task/simulator"} <= groups
+            "paths", "experiment", "debug", "hydra", "hydra/launcher", "reward/judge", "task/simulator", "model/lora"} <= groups
 
 
 @pytest.mark.parametrize("path", GROUP_FILES, ids=lambda p: "/".join(option(p)))
@@ -38,13 +39,17 @@ def test_config_composes_and_instantiates(path, make_cfg, tmp_path):
     if group == "model" and name == "hf":
         cfg = make_cfg("model=hf", f"model.path={embedded}", "model.dtype=float32", fast_model=False)
     elif "/" in group and not group.startswith("hydra"):  # a nested group, e.g. reward/judge, task/simulator
-        parent = {"reward": "reward=hierr", "task": "task=toolcall"}[group.split("/")[0]]
+        parent = {"reward": "reward=hierr", "task": "task=toolcall", "model": "model=embedded"}[group.split("/")[0]]
         model_path = [f"{group.replace('/', '.')}.generate_fn.path={embedded}"] if name == "llm" else []
-        cfg = make_cfg(parent, f"{group}={name}", *model_path, *TOOLCALL_SMALL, fast_task=False)
+        small = TOOLCALL_SMALL if parent == "task=toolcall" or parent == "reward=hierr" else []
+        cfg = make_cfg(parent, f"{group}={name}", *model_path, *small, fast_task=not small)
     elif "toolcall" in name:
         cfg = make_cfg(f"{group}={name}", *TOOLCALL_SMALL, fast_task=False)
+    elif name.endswith("form"):  # task=form and its experiments
+        cfg = make_cfg(f"{group}={name}", *FORM_SMALL, fast_task=False)
     else:  # FAST_TASK's keys are arith's and math_revise's; other tasks are small already
-        cfg = make_cfg(f"{group}={name}", fast_task=name not in ("code_revise",))
+        lora = ["model/lora=r8"] if name == "dpa_grpo" else []  # DPA-GRPO trains LoRA adapters
+        cfg = make_cfg(f"{group}={name}", *lora, fast_task=name not in ("code_revise",))
     if group in ("experiment", "debug", "method"):
         module, datamodule, _trainer = build(cfg)
         assert isinstance(module.credit, CreditEstimator)

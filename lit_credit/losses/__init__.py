@@ -6,7 +6,7 @@ Pure tensor code (any device, vectorised); see each object's docstring for its f
 from lit_credit.losses.aggregate import AGGREGATION_MODES, AggregationMode, aggregate, masked_mean
 from lit_credit.losses.kl import KL_ESTIMATORS, KLEstimator, kl_penalty
 from lit_credit.losses.policy import PolicyLoss
-from lit_credit.losses.surrogates import ClippedSurrogate, GSPOSurrogate, Surrogate
+from lit_credit.losses.surrogates import ClippedSurrogate, GSPOSurrogate, ReinforceSurrogate, Surrogate
 
 __all__ = [
     "AGGREGATION_MODES",
@@ -16,6 +16,7 @@ __all__ = [
     "GSPOSurrogate",
     "KLEstimator",
     "PolicyLoss",
+    "ReinforceSurrogate",
     "Surrogate",
     "aggregate",
     "kl_penalty",

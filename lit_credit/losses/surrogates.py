@@ -180,3 +180,30 @@ class GSPOSurrogate(Surrogate):
             seq_clipped = (is_clipped & valid).any(-1)
             metrics = _clip_metrics(torch.exp(seq_log_ratio.detach()), seq_clipped, present, log_ratio, valid)
         return loss, metrics
+
+
+class ReinforceSurrogate(Surrogate):
+    r"""The plain policy-gradient term, per token: ``loss_t = -A_t * logp_t`` (no ratio, no clip).
+
+    With ``aggregation="seq-mean-token-sum"`` and a row-constant ``A_i`` this is DPA-GRPO's action loss
+    ``-A_i log pi(a_i)`` with the sequence-summed log-prob ``log pi(a_i) = sum_t logp_{i,t}`` (methods.md §3);
+    :class:`PolicyLoss` adds ``beta * (log pi - log pi_ref)`` with ``kl_estimator="k1"``. ``old_logp`` is not
+    used (on-policy, one update per batch: its gradient equals the PPO surrogate's at ratio 1).
+
+    Shape:
+        logp, old_logp, advantages, mask: [B, T]. output: (loss [B, T], no metrics).
+    """
+
+    def __init__(self) -> None:
+        self.clip_low = self.clip_high = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        _check_same_shape(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
+        valid = mask != 0
+        zeros = torch.zeros_like(logp)
+        return -torch.where(valid, advantages, zeros) * torch.where(valid, logp, zeros), {}

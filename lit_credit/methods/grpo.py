@@ -13,7 +13,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lit_credit.credit.registry import CreditEstimator
 from lit_credit.losses import PolicyLoss, masked_mean
 from lit_credit.models.logprobs import token_logprobs
-from lit_credit.models.policy import PolicySource
+from lit_credit.models.policy import PolicySource, is_peft
 from lit_credit.types import RolloutBatch
 
 # Checkpoints hold the state after step N's update, consistent with global_step = N: that is what we want.
@@ -55,8 +55,9 @@ class GRPOModule(L.LightningModule):
         self.ppo_epochs, self.num_minibatches, self.max_grad_norm = ppo_epochs, num_minibatches, max_grad_norm
         self.dynamic_sampling, self.max_logprob_gap = dynamic_sampling, max_logprob_gap
         self.policy, self.tokenizer = policy.load()
-        self.reference = None
-        if loss.kl_coef > 0:
+        self.uses_reference = loss.kl_coef > 0
+        self.reference = None  # a LoRA policy's reference is itself with adapters disabled
+        if self.uses_reference and not is_peft(self.policy):
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
 
     def configure_model(self) -> None:
@@ -82,7 +83,7 @@ class GRPOModule(L.LightningModule):
         fully_shard(self.policy, mesh=dp_mesh)
 
     def configure_optimizers(self):
-        opt = self.optimizer_factory(self.policy.parameters())
+        opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
         if self.scheduler_factory is None:
             return opt
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
@@ -93,6 +94,17 @@ class GRPOModule(L.LightningModule):
 
     def _logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return token_logprobs(model, batch.input_ids, batch.attention_mask)
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """[B, T] log-probs under the frozen reference (the base with adapters disabled for a LoRA policy), or
+        None when the loss has no KL term."""
+        if not self.uses_reference:
+            return None
+        if self.reference is not None:
+            return self._logprobs(self.reference, batch)[0]
+        with self.policy.disable_adapter():
+            return self._logprobs(self.policy, batch)[0]
 
     def training_step(self, rows: list[dict[str, Any]], batch_idx: int) -> None:
         start = time.perf_counter()
@@ -117,7 +129,7 @@ class GRPOModule(L.LightningModule):
         single_update = self.ppo_epochs * self.num_minibatches == 1
         with torch.no_grad():
             old_logp = None if single_update else self._logprobs(self.policy, batch)[0]
-            ref_logp = self._logprobs(self.reference, batch)[0] if self.reference is not None else None
+            ref_logp = self.reference_logprobs(batch)
         credit = self.credit(batch)
         advantages, mask = credit.advantages, batch.response_mask
         diagnostics = self.credit_diagnostics(batch, advantages)

@@ -24,8 +24,11 @@ _RECIPE_VERSION = 1  # bump when the build recipe changes, so stale caches are n
 
 
 def _task_identity(task: Task) -> dict:
-    return {"class": type(task).__qualname__,
-            **{k: v for k, v in sorted(vars(task).items()) if isinstance(v, (int, float, str, bool))}}
+    """The task's settings that shape its demonstrations and corpus (plain values and tuples of them)."""
+    def plain(v) -> bool:
+        return isinstance(v, (int, float, str, bool)) or (isinstance(v, tuple) and all(map(plain, v)))
+
+    return {"class": type(task).__qualname__, **{k: v for k, v in sorted(vars(task).items()) if plain(v)}}
 
 
 class EmbeddedPolicy:

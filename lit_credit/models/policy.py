@@ -11,18 +11,34 @@ from lit_credit.models.embedded import EmbeddedPolicy
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def is_peft(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a PEFT (LoRA) model, whose reference policy is itself with adapters disabled."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
 class PolicySource:
     """Loads ``(model, tokenizer)`` with ``from_pretrained`` from ``path``, or from the embedded policy's
     cache (built on first use) when ``path`` is None. Never touches a model hub.
+
+    ``lora`` (a ``peft.LoraConfig``, e.g. ``model/lora=r8``): the model is wrapped with one trainable LoRA
+    adapter named :data:`ADAPTER` and the base weights frozen; the reference policy is then the base with
+    adapters disabled (no copy). Methods with more roles add adapters beside it (DPA-GRPO's verifier).
     """
 
-    def __init__(self, path: str | None = None, embedded: EmbeddedPolicy | None = None, dtype: str = "float32") -> None:
+    ADAPTER = "generator"
+
+    def __init__(self, path: str | None = None, embedded: EmbeddedPolicy | None = None, dtype: str = "float32",
+                 lora: Any = None) -> None:
         if path is None and embedded is None:
             raise ValueError("model.path is null and model.embedded is null: give a local HF model directory "
                              "as model.path=/dir, or keep the default embedded policy")
         if dtype not in _DTYPES:
             raise ValueError(f"model.dtype={dtype!r}: use one of {sorted(_DTYPES)}")
-        self.path, self.embedded, self.dtype = path, embedded, dtype
+        self.path, self.embedded, self.dtype, self.lora = path, embedded, dtype, lora
 
     def resolve(self) -> str:
         return str(self.path) if self.path is not None else str(self.embedded.build())
@@ -33,4 +49,8 @@ class PolicySource:
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         model = AutoModelForCausalLM.from_pretrained(where, dtype=_DTYPES[self.dtype], local_files_only=True)
+        if self.lora is not None:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, self.lora, adapter_name=self.ADAPTER)
         return model, tokenizer

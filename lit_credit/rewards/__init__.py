@@ -1,5 +1,19 @@
 from lit_credit.rewards.base import Reward
+from lit_credit.rewards.dpa import (
+    APPROVER_ACTIONS,
+    CASES,
+    VERIFIER_ACTIONS,
+    approver_pair_rewards,
+    case_labels,
+    case_shares,
+    informative_groups,
+    rarity_weights,
+    revise_bonus,
+    revision_rewards,
+    verifier_pair_rewards,
+)
 from lit_credit.rewards.exact_match import ExactMatchReward, parse_final_integer
+from lit_credit.rewards.form_line import FormLineReward, line_correct
 from lit_credit.rewards.hierr import (
     HierRReward,
     final_reply,
@@ -10,6 +24,9 @@ from lit_credit.rewards.hierr import (
 from lit_credit.rewards.judges import JudgeResult, LLMJudge, RubricJudge, SummaryJudge, parse_rating
 from lit_credit.rewards.turns import FinalTurnReward
 
-__all__ = ["ExactMatchReward", "FinalTurnReward", "HierRReward", "JudgeResult", "LLMJudge", "Reward", "RubricJudge", "SummaryJudge",
-           "final_reply", "normalize_gold_calls", "parse_final_integer", "parse_rating", "parse_tool_calls",
-           "tool_process_score"]
+__all__ = ["APPROVER_ACTIONS", "CASES", "VERIFIER_ACTIONS", "ExactMatchReward", "FinalTurnReward", "FormLineReward",
+           "HierRReward",
+           "JudgeResult", "LLMJudge", "Reward", "RubricJudge", "SummaryJudge", "approver_pair_rewards",
+           "case_labels", "case_shares", "final_reply", "informative_groups", "line_correct", "normalize_gold_calls",
+           "parse_final_integer", "parse_rating", "parse_tool_calls", "rarity_weights", "revise_bonus",
+           "revision_rewards", "tool_process_score", "verifier_pair_rewards"]

@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from lit_credit.models.policy import is_peft
 from lit_credit.models.state import full_state_dict
 from lit_credit.types import Completion, SamplingParams
 
@@ -90,14 +91,6 @@ def hf_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _is_peft(model: torch.nn.Module) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
-    return isinstance(model, PeftModel)
-
-
 def _adapters_merged(model: torch.nn.Module) -> bool:
     from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -113,7 +106,7 @@ def exported_state_dict(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Modul
     weights) and unmerged on exit, the adapted base weights restored exactly (a copy of them is held
     meanwhile); the yielded tensors may alias parameters, so use them inside the block.
     """
-    peft = _is_peft(model)
+    peft = is_peft(model)
     merge = peft and not _adapters_merged(model)
     saved: list[tuple[torch.Tensor, torch.Tensor]] = []
     if merge:

@@ -1,6 +1,7 @@
 from lit_credit.tasks.arith import ArithTask
 from lit_credit.tasks.base import Environment, Feedback, Task
 from lit_credit.tasks.code_revise import CodeReviseTask
+from lit_credit.tasks.form import FormTask
 from lit_credit.tasks.math_revise import MathReviseTask
 from lit_credit.tasks.revise import RevisionEnvironment, Verdict
 from lit_credit.tasks.toolcall import (
@@ -11,5 +12,19 @@ from lit_credit.tasks.toolcall import (
     load_toucan_parquet,
 )
 
-__all__ = ["ArithTask", "CodeReviseTask", "Environment", "Feedback", "LLMToolSimulator", "MathReviseTask", "RevisionEnvironment", "Task", "ToolCallTask", "ToolEnvironment",
-           "ToolSimulator", "Verdict", "load_toucan_parquet"]
+__all__ = [
+    "ArithTask",
+    "CodeReviseTask",
+    "Environment",
+    "Feedback",
+    "FormTask",
+    "LLMToolSimulator",
+    "MathReviseTask",
+    "RevisionEnvironment",
+    "Task",
+    "ToolCallTask",
+    "ToolEnvironment",
+    "ToolSimulator",
+    "Verdict",
+    "load_toucan_parquet",
+]

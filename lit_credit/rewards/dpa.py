@@ -1,0 +1,223 @@
+"""DPA-GRPO role rewards and case taxonomy (methods.md §3).
+
+A structured form is filled one line at a time. The generator proposes a line value x; the verifier
+answers NS (accept silently) or SAC (a structured challenge). On SAC the generator samples K revisions,
+the first parsable one, z, is shown, and the generator in its approver role answers KEEP (submit x) or
+REVISE (submit z). The oracle gives ``S_x, S_z in {0, 1}`` (strict line correctness); an unparsable x
+counts as wrong, and when no revision is parsable z counts as wrong.
+
+Every function is vectorised over decisions (no Python loop). The pair tensors hold both canonical
+actions of a decision, in the column order of :data:`VERIFIER_ACTIONS` / :data:`APPROVER_ACTIONS`, ready
+for :func:`lit_credit.credit.dpa_pair_advantages`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+CASES: tuple[str, ...] = ("1", "2", "3", "4", "5a", "5b", "6a", "6b")
+VERIFIER_ACTIONS: tuple[str, ...] = ("SAC", "NS")
+APPROVER_ACTIONS: tuple[str, ...] = ("KEEP", "REVISE")
+
+
+def _flags(**tensors: Tensor) -> int:
+    """Check that every tensor is a 1-D bool vector of one common length; return that length."""
+    n = None
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor) or t.dim() != 1 or t.dtype != torch.bool:
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 1-D bool tensor [N], got {got}")
+        if n is None:
+            n = len(t)
+        elif len(t) != n:
+            first = next(iter(tensors))
+            raise ValueError(f"{name} has N={len(t)} but {first} has N={n}")
+    return 0 if n is None else n
+
+
+def _labels(labels: Tensor) -> None:
+    """Check that ``labels`` is a 1-D integer tensor of indices into :data:`CASES`."""
+    if not isinstance(labels, Tensor) or labels.dim() != 1 or labels.dtype.is_floating_point \
+            or labels.dtype.is_complex or labels.dtype == torch.bool:
+        got = f"{tuple(labels.shape)} {labels.dtype}" if isinstance(labels, Tensor) else type(labels).__name__
+        raise ValueError(f"labels must be a 1-D integer tensor [N], got {got}")
+    if labels.numel() and (labels.min() < 0 or labels.max() >= len(CASES)):
+        raise ValueError(f"labels must index CASES (0..{len(CASES) - 1}), got values outside that range")
+
+
+def verifier_pair_rewards(x_correct: Tensor) -> Tensor:
+    """Both verifier actions scored: ``r(SAC) = 1[x wrong]``, ``r(NS) = 1[x right]``.
+
+    Decisions where x is unparsable are skipped by the caller (an unparsable x would count as wrong,
+    i.e. SAC 1, NS 0, if passed in).
+
+    Shape:
+        x_correct: [N] bool. Output: [N, 2] float (default dtype), columns ``VERIFIER_ACTIONS`` (SAC, NS).
+    """
+    _flags(x_correct=x_correct)
+    right = x_correct.to(torch.get_default_dtype())
+    return torch.stack([1 - right, right], dim=1)
+
+
+def revision_rewards(correct: Tensor, parsable: Tensor, *, unparsable: float = -0.25) -> Tensor:
+    """Each of the K sampled revisions gets ``S_z`` if parsable, else ``unparsable`` (-0.25).
+
+    ``correct`` is ignored where not ``parsable``. Groups whose rewards are all equal are skipped
+    (see :func:`informative_groups`).
+
+    Shape:
+        correct, parsable: [N, K] bool. Output: [N, K] float (default dtype).
+    """
+    for name, t in (("correct", correct), ("parsable", parsable)):
+        if not isinstance(t, Tensor) or t.dim() != 2 or t.dtype != torch.bool:
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 2-D bool tensor [N, K], got {got}")
+    if correct.shape != parsable.shape:
+        raise ValueError(f"parsable has shape {tuple(parsable.shape)} but correct has {tuple(correct.shape)}")
+    score = correct.to(torch.get_default_dtype())
+    return torch.where(parsable, score, torch.full_like(score, unparsable))
+
+
+def informative_groups(rewards: Tensor) -> Tensor:
+    """``True`` for rows whose rewards are not all equal; the rest carry no signal and are skipped.
+
+    Shape:
+        rewards: [N, K]. Output: [N] bool (all ``False`` when K = 0).
+    """
+    if not isinstance(rewards, Tensor) or rewards.dim() != 2:
+        got = tuple(rewards.shape) if isinstance(rewards, Tensor) else type(rewards).__name__
+        raise ValueError(f"rewards must be a 2-D tensor [N, K], got {got}")
+    return (rewards != rewards[:, :1]).any(dim=1)
+
+
+def approver_pair_rewards(
+    x_correct: Tensor,
+    z_correct: Tensor,
+    has_revision: Tensor,
+    *,
+    alpha: float = 0.5,
+    cave: float = 0.2,
+    miss: float = 0.3,
+    unparsable: float = -0.25,
+) -> Tensor:
+    """Both approver actions scored (``S = 1[right]``)::
+
+        situation                  KEEP              REVISE
+        no parsable revision       1                 unparsable (-0.25)
+        x right, z right           1 + alpha*S_x     alpha*S_z
+        x right, z wrong           1 + alpha*S_x     -cave
+        x wrong, z right           -miss             1 + alpha*S_z
+        x wrong, z wrong           1                 alpha*S_z
+
+    With ``alpha, cave, miss = 0.5, 0.2, 0.3``: (1.5, 0.5), (1.5, -0.2), (-0.3, 1.5), (1, 0), and (1, -0.25)
+    without a revision. ``z_correct`` is ignored where ``~has_revision``.
+
+    Shape:
+        x_correct, z_correct, has_revision: [N] bool. Output: [N, 2] float (default dtype), columns
+        ``APPROVER_ACTIONS`` (KEEP, REVISE).
+    """
+    _flags(x_correct=x_correct, z_correct=z_correct, has_revision=has_revision)
+    z_correct = z_correct & has_revision
+    s_x = x_correct.to(torch.get_default_dtype())
+    s_z = z_correct.to(s_x.dtype)
+    one = torch.ones_like(s_x)
+    keep = torch.where(x_correct, 1 + alpha * s_x, torch.where(z_correct, -miss * one, one))
+    revise = torch.where(
+        x_correct,
+        torch.where(z_correct, alpha * s_z, -cave * one),
+        torch.where(z_correct, 1 + alpha * s_z, alpha * s_z),
+    )
+    keep = torch.where(has_revision, keep, one)
+    revise = torch.where(has_revision, revise, unparsable * one)
+    return torch.stack([keep, revise], dim=1)
+
+
+def revise_bonus(revise_share: float, *, balance: float = 0.0, target: float = 0.3) -> float:
+    """Optional REVISE shaping ``balance * max(target - revise_share, 0)``; 0 with the default balance.
+
+    DPA-GRPO adds it to the REVISE action's pair *advantage*: added to the reward it would never change a
+    pair advantage, which is sign(r_KEEP - r_REVISE) after pair normalisation, and wherever KEEP wins by the
+    table it wins by at least 1 (the paper's bonus is at most 1.5 * 0.3 = 0.45).
+
+    With shaping on (``balance=1.5, target=0.3``) an observed REVISE share of 0.1 gives
+    ``1.5 * 0.2 = 0.3``; a share at or above the target gives 0.
+
+    Shape:
+        revise_share (the observed share of REVISE among approver decisions, in [0, 1]): a float.
+        Output: a float.
+    """
+    if not 0.0 <= float(revise_share) <= 1.0:
+        raise ValueError(f"revise_share must be in [0, 1], got {revise_share}")
+    return balance * max(target - float(revise_share), 0.0)
+
+
+def case_labels(
+    x_correct: Tensor,
+    challenged: Tensor,
+    revised: Tensor,
+    z_correct: Tensor,
+    *,
+    has_revision: Tensor | None = None,
+) -> Tensor:
+    """Index into :data:`CASES` of each decision::
+
+        1   x right, NS                      4   x wrong, NS (missed error)
+        2   x right, SAC, REVISE             5a  x wrong, SAC, REVISE, z right
+        3   x right, SAC, KEEP               5b  x wrong, SAC, REVISE, z wrong
+                                             6a  x wrong, SAC, KEEP, z wrong (rightly refused a bad revision)
+                                             6b  x wrong, SAC, KEEP, z right (missed a fix)
+
+    ``revised`` is read only where challenged, ``z_correct`` only where x is wrong and challenged. With no
+    parsable revision z counts as wrong: pass ``z_correct = False`` there, or pass ``has_revision`` and
+    ``z_correct`` is masked with it.
+
+    Shape:
+        x_correct, challenged, revised, z_correct, has_revision (optional): [N] bool. Output: [N] long.
+    """
+    flags = {"x_correct": x_correct, "challenged": challenged, "revised": revised, "z_correct": z_correct}
+    if has_revision is not None:
+        flags["has_revision"] = has_revision
+    _flags(**flags)
+    if has_revision is not None:
+        z_correct = z_correct & has_revision
+
+    def idx(name: str) -> Tensor:
+        return torch.full_like(x_correct, CASES.index(name), dtype=torch.long)
+
+    right = torch.where(challenged, torch.where(revised, idx("2"), idx("3")), idx("1"))
+    wrong_revise = torch.where(z_correct, idx("5a"), idx("5b"))
+    wrong_keep = torch.where(z_correct, idx("6b"), idx("6a"))
+    wrong = torch.where(challenged, torch.where(revised, wrong_revise, wrong_keep), idx("4"))
+    return torch.where(x_correct, right, wrong)
+
+
+def case_shares(labels: Tensor) -> dict[str, float]:
+    """``{case: count(case) / N}`` for every name in :data:`CASES` (0.0 for absent cases; all 0.0 when
+    N = 0).
+
+    Shape:
+        labels: [N] integer, indices into ``CASES``. Output: a dict of 8 floats.
+    """
+    _labels(labels)
+    counts = torch.bincount(labels, minlength=len(CASES)).double()
+    shares = counts / max(len(labels), 1)
+    return dict(zip(CASES, shares.tolist()))
+
+
+def rarity_weights(labels: Tensor, power: float = 0.0) -> Tensor:
+    """Optional loss weight ``w_n = (mean_c count(c) / count(case_n)) ** power``, the mean over the cases
+    present in ``labels``; all ones when ``power = 0`` (the default, shaping off).
+
+    E.g. counts 3 and 1 (mean 2) with ``power = 1``: weights 2/3 on the common case, 2 on the rare one.
+
+    Shape:
+        labels: [N] integer, indices into ``CASES``. Output: [N] float (default dtype).
+    """
+    _labels(labels)
+    dtype = torch.get_default_dtype()
+    if power == 0 or labels.numel() == 0:
+        return torch.ones(labels.shape, dtype=dtype, device=labels.device)
+    counts = torch.bincount(labels, minlength=len(CASES)).to(dtype)
+    mean = counts[counts > 0].mean()
+    return (mean / counts[labels]) ** power
