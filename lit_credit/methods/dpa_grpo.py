@@ -194,7 +194,6 @@ class DPAGRPOModule(GRPOModule):
         return action_batch([prompts[i] for i in index for _ in choices], actions, [i for i in index for _ in choices],
                             rewards[index].flatten().tolist(), self.rollouts.codec.pad_id)
 
-    @torch.no_grad()
     def play(self, proposals: RolloutBatch, sampling: SamplingParams, revisions: int, explore: float) -> Game:
         """The rest of the game for every proposal of ``proposals`` (see the class docstring)."""
         rows = [m["row"] for m in proposals.metadata]

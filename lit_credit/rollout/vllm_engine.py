@@ -300,10 +300,13 @@ class VLLMEngine:
             self._push(state)
 
     def _push(self, state: dict[str, torch.Tensor]) -> None:
+        """Reload the engine's weights in place. Always under inference mode: a reload inside it (e.g. from a
+        validation step) leaves inference tensors that a later reload outside it could not update in place."""
         asleep = self._asleep
         if asleep:
             self.wake()
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
+        with torch.inference_mode():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
         self.llm.reset_prefix_cache()
         if asleep:
             self.sleep()
