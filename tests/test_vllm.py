@@ -277,3 +277,35 @@ def test_grpo_run_without_weight_sync_trips_the_guard(make_cfg):
         trainer.fit(module, datamodule=datamodule)
     assert trainer.global_step >= 1
     datamodule.engine.close()
+
+
+def test_dpa_run_pushes_the_sampling_roles_adapter(make_cfg):
+    """DPA-GRPO on vLLM end to end, with a validation (pushes under inference mode) after every round; then the
+    engine samples from whichever role's adapter was pushed last: its log-probs match the trainer's under that
+    adapter, not under the other."""
+    from lit_credit.tasks.form import role_prompt
+
+    cfg = make_cfg("experiment=dpa_form", "rollout=vllm", "task.num_train=4", "task.num_test=2",
+                   "task.lines=[1a,15]", "trainer.max_steps=4", "trainer.val_check_interval=1", "data.val_prompts=4",
+                   "data.prompts_per_step=2", "method.optimizer.lr=5e-2", "method.lr_scheduler=null",
+                   *(f"model.embedded.{k}={v}" for k, v in RECIPE.items()),
+                   "rollout.max_model_len=1024", "rollout.kv_cache_memory_bytes=33554432", fast_model=False,
+                   fast_task=False)
+    module, datamodule, trainer = build(cfg)
+    trainer.fit(module, datamodule=datamodule)
+    assert trainer.global_step == 4  # 2 rounds x (verifier, generator) with a validation after each
+    engine, codec = datamodule.engine, datamodule.codec
+    with torch.no_grad():  # set the two adapters clearly apart (this weak policy's game gives them few gradients)
+        for p in module.adapter_params("verifier"):
+            p.normal_(0.0, 0.3)
+    module._engine_adapter = None  # the weights changed behind the module's back, as after an update
+    prompts = [codec.prompt_ids(role_prompt(row, "verifier", "100")) for row in datamodule.val_set]
+    sampling = SamplingParams(n=2, max_new_tokens=12)
+    module.engine_role("verifier")
+    verifier = engine.generate(prompts, sampling)
+    assert logprob_gap(module.policy, prompts, verifier) < 1e-3
+    module.use_role("proposer")  # the generator adapter active in the trainer, not pushed
+    assert logprob_gap(module.policy, prompts, verifier) > 1e-2
+    module.engine_role("proposer")
+    assert logprob_gap(module.policy, prompts, engine.generate(prompts, sampling)) < 1e-3
+    engine.close()
