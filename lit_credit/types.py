@@ -129,3 +129,19 @@ class RolloutBatch:
         picked = self._map(lambda t: t[index.to(t.device)])
         rows = index.tolist()
         return replace(picked, metadata=[self.metadata[i] for i in rows] if self.metadata else [])
+
+
+@dataclass
+class CreditTrace:
+    """One credited batch of a training step, kept by the module for the credit-records callback.
+
+    source: ``policy`` for the GRPO family; DPA-GRPO's role batches are ``verifier``, ``approver``,
+        ``revisions``, ``proposals``.
+    advantages: [B, T] the token advantages the loss used.
+    cases: [B] long DPA case index of each row (into ``lit_credit.rewards.dpa.CASES``), or None.
+    """
+
+    source: str
+    batch: RolloutBatch
+    advantages: Tensor
+    cases: Tensor | None = None

@@ -1,10 +1,12 @@
-"""Compare the runs of a Hydra multirun: a metric against steps, mean and spread over seeds, per method.
+"""Compare the runs of a Hydra multirun: metrics against steps, mean and spread over seeds, per method.
 
     python scripts/plot_runs.py SWEEP_DIR --metric val/tool/exact_match --by experiment --out plot.png
+    python scripts/plot_runs.py SWEEP_DIR --metric val/step1/exact_match val/step2/exact_match --by credit
 
 Each run directory holds ``.hydra/overrides.yaml`` and ``tensorboard/``. Runs are grouped by the value of
 the override ``--by`` (e.g. ``experiment``, ``credit``, ``method``); the other overrides (seeds) are pooled.
-Prints a markdown table of the final value per group (mean +- std over runs, and n).
+Several metrics give one panel each, side by side. Prints, per metric, a markdown table of the final value
+per group (mean +- std over runs, and n).
 """
 from __future__ import annotations
 
@@ -61,34 +63,38 @@ def save(fig, axes, out: str | Path) -> None:
     plt.close(fig)
 
 
-def plot(groups: dict[str, list[dict[int, float]]], metric: str, out: str | Path) -> None:
+def plot(panels: dict[str, dict[str, list[dict[int, float]]]], out: str | Path) -> None:
+    """One panel per metric (``{metric: groups}``), each group's mean over runs with a +- std band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    for name, runs in sorted(groups.items()):
-        steps = sorted(set.intersection(*(set(r) for r in runs)))
-        band(ax, steps, [[r[s] for r in runs] for s in steps], f"{name} (n={len(runs)})")
-    ax.set_xlabel("step")
-    ax.set_ylabel(metric)
-    save(fig, [ax], out)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 1, 4), dpi=120, squeeze=False)
+    for ax, (metric, groups) in zip(axes[0], panels.items()):
+        for name, runs in sorted(groups.items()):
+            steps = sorted(set.intersection(*(set(r) for r in runs)))
+            band(ax, steps, [[r[s] for r in runs] for s in steps], f"{name} (n={len(runs)})")
+        ax.set_xlabel("step")
+        ax.set_ylabel(metric)
+    save(fig, list(axes[0]), out)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir")
-    parser.add_argument("--metric", default="val/reward/mean")
+    parser.add_argument("--metric", nargs="+", default=["val/reward/mean"])
     parser.add_argument("--by", default="experiment")
-    parser.add_argument("--out", default=None, help="PNG path (default: <sweep_dir>/<metric>.png)")
+    parser.add_argument("--out", default=None, help="PNG path (default: <sweep_dir>/<first metric>.png)")
     args = parser.parse_args()
-    groups = load_sweep(args.sweep_dir, args.metric, args.by)
-    if not groups:
-        raise SystemExit(f"no run under {args.sweep_dir} logged {args.metric!r}")
-    out = args.out or Path(args.sweep_dir) / (args.metric.replace("/", "_") + ".png")
-    plot(groups, args.metric, out)
-    print(summarise(groups))
+    panels = {m: load_sweep(args.sweep_dir, m, args.by) for m in args.metric}
+    missing = [m for m, groups in panels.items() if not groups]
+    if missing:
+        raise SystemExit(f"no run under {args.sweep_dir} logged {', '.join(map(repr, missing))}")
+    out = args.out or Path(args.sweep_dir) / (args.metric[0].replace("/", "_") + ".png")
+    plot(panels, out)
+    for metric, groups in panels.items():
+        print(f"\n{metric}\n{summarise(groups)}")
     print(f"plot: {out}")
 
 

@@ -27,7 +27,7 @@ def test_groups_by_override_and_summarises_final_values(tmp_path):
     # grpo finals 0.2 and 0.4: mean 0.3, sample std sqrt(((0.1)^2 + (0.1)^2) / 1) = 0.1414
     assert "| grpo | 0.300 +- 0.141 | 2 |" in table
     assert "| slca | 0.500 +- 0.000 | 1 |" in table
-    plot(groups, "val/acc", tmp_path / "p.png")
+    plot({"val/acc": groups, "val/acc again": groups}, tmp_path / "p.png")  # two panels
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -108,6 +108,10 @@ def test_multi_turn_loop_masks_injected_feedback(policy):
         assert lengths[i] == len(ep.token_ids)
         assert (batch.input_ids[i, lengths[i]:] == codec.pad_id).all()
     assert batch.reward_parts["correct"].tolist() == [1.0, 1.0]
+    # Per-turn list parts are right-padded with 0 to the batch's K turns.
+    per_turn = to_batch(episodes, [{"score": 1.0, "tool_scores": [0.5]}, {"score": 0.0, "tool_scores": []}],
+                        codec.pad_id)
+    assert per_turn.reward_parts["tool_scores"].tolist() == [[0.5, 0.0], [0.0, 0.0]]
 
 
 def test_feedback_is_capped_at_a_token_budget(policy):

@@ -4,8 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_credit.methods import SLCAGRPOModule
+from lit_credit.methods import SLCAGRPOModule, SLCATCPOModule
+from lit_credit.methods.slca_grpo import step_exact_match
+from lit_credit.rewards.hierr import normalize_gold_calls
+from lit_credit.tasks.toolcall import tool_call_text
 from lit_credit.train import build
+from lit_credit.types import Completion
 from scripts.tb_scalars import scalars
 from tests.test_configs import TOOLCALL_SMALL
 
@@ -45,3 +49,96 @@ def test_sparse_diagnostics_are_logged_only_at_the_steps_they_are_computed(make_
     trainer.fit(module, datamodule=datamodule)
     assert scalars(tmp_path)["x/diag"] == [(0, 10.0), (2, 12.0)]
     assert [s for s, _ in scalars(tmp_path)["train/reward/mean"]] == [0, 1, 2]
+
+
+def test_step_exact_match_by_hand():
+    # gold steps [3, 3, 2, 1]; turn k exact? r0 [1, 0, 0], r1 [1, 1, 1], r2 [0, 0, 0], r3 [1, 0, 0].
+    # step 1: all four plans have it, exact 1, 1, 0, 1 -> 3/4; step 2: r0, r1, r2 -> 0, 1, 0 -> 1/3;
+    # step 3: r0, r1 -> 0, 1 -> 1/2 (r3's exact turn 1 is past its one-step plan: not counted).
+    exact = torch.tensor([[1.0, 0, 0], [1, 1, 1], [0, 0, 0], [1, 0, 0]])
+    got = step_exact_match(exact, torch.tensor([3.0, 3, 2, 1]))
+    assert got == pytest.approx({1: 3 / 4, 2: 1 / 3, 3: 1 / 2})
+    # A plan deeper than any rollout's turns: the missing turns are misses.
+    assert step_exact_match(torch.tensor([[1.0], [0.0]]), torch.tensor([2.0, 1.0])) == {1: 0.5, 2: 0.0}
+
+
+class ScriptedToolEngine:
+    """Plays the chain prompts: at tool turn k (= tool responses seen so far) sample j makes gold step k's call
+    when ``(j + k)`` is even, else the same call with a wrong argument; past the plan it writes a summary.
+    Wrong calls get behaviour log-prob -1 per token (surprising), right ones -0.1."""
+
+    def __init__(self, rows):
+        self.rows, self.outputs = rows, []
+
+    def bind(self, model, tokenizer):
+        self.tok = tokenizer
+
+    def update_weights(self, model):
+        pass
+
+    def reply(self, row, turn, j):
+        gold = normalize_gold_calls(row["gold_tool_calls"])
+        if turn >= len(gold):
+            return "All done: the calls went through.", -0.1
+        step = [dict(c, arguments=dict(c["arguments"])) for c in gold[turn]]
+        if (j + turn) % 2:
+            key = next(iter(step[0]["arguments"]))
+            step[0]["arguments"][key] = "wrong"
+            return tool_call_text(step), -1.0
+        return tool_call_text(step), -0.1
+
+    def generate(self, prompts, sampling):
+        out = []
+        for ids in prompts:
+            text = self.tok.decode(ids)
+            row = next(r for r in self.rows if r["question"] in text)
+            turn = text.count("<tool_response>")
+            replies = []
+            for j in range(sampling.n):
+                reply, lp = self.reply(row, turn, j)
+                tokens = self.tok(reply)["input_ids"] + [self.tok.eos_token_id]
+                replies.append(Completion(tokens, [lp] * len(tokens), reply))
+            out.append(replies)
+        self.outputs.append((sampling.n, out))
+        return out
+
+
+def test_slca_tcpo_resamples_tool_turns_scores_them_per_step_and_logs_step_accuracy(make_cfg):
+    cfg = make_cfg("experiment=slca_tcpo_toolcall", "credit.preset=tcpo", "debug=fdr", *TOOLCALL_SMALL,
+                   "data.sampling.n=4", "method.cf_top_l=2", "method.cf_samples=2", fast_task=False)
+    module, datamodule, trainer = build(cfg)
+    assert isinstance(module, SLCATCPOModule) and module.credit.uses_counterfactual
+    datamodule.setup("fit")
+    engine = datamodule.engine = ScriptedToolEngine([*datamodule.train_set, *datamodule.val_set])
+    seen = []
+    augment = module.augment_experience
+    module.augment_experience = lambda batch: seen.append(batch) or augment(batch)
+    trainer.fit(module, datamodule=datamodule)
+    batch = seen[0]
+    parts = batch.reward_parts
+    tool_mask, selected, alt = parts["tool_turn_mask"].bool(), parts["cf_mask"], parts["alt_scores"]
+    depth = parts["gold_steps"].long()
+    # Every rollout makes one call per gold step, then summarises: tool turns = gold steps.
+    assert (tool_mask.sum(1) == depth).all()
+    # Sample j's first call is right for even j: turn 0 scores 1 exactly for rollouts 0, 2 of each group.
+    j = torch.arange(len(batch)) % 4
+    assert ((parts["tool_scores"][:, 0] == 1) == (j % 2 == 0)).all()
+    assert ((parts["tool_exact"][:, 0] == 1) == (j % 2 == 0)).all()
+    # Top-2 tool turns per group by surprisal: wrong calls (log-prob -1) outrank right ones.
+    assert not (selected & ~tool_mask).any() and (selected.sum(1).view(-1, 4).sum(1) == 2).all()
+    assert (parts["tool_scores"][selected] < 1).all()
+    # Alternatives: the engine's cf call (n = 2) from the exact history, scored per step by the reward.
+    cf = [out for n, out in engine.outputs if n == 2]
+    assert len(cf) == 1
+    rows = [batch.metadata[i]["row"] for i, _ in selected.nonzero().tolist()]
+    expected = [[datamodule.reward.turn_score(row, k, c.text) for c in alts]
+                for row, (_, k), alts in zip(rows, selected.nonzero().tolist(), cf[0])]
+    torch.testing.assert_close(alt[selected], torch.tensor(expected, dtype=alt.dtype))
+    assert torch.isnan(alt[~selected]).all()
+    # Alternative 0 at turn k is right when k is even: a right call scores 1 against its own gold step.
+    assert all(e[0] == 1.0 for e, (_, k) in zip(expected, selected.nonzero().tolist()) if k % 2 == 0)
+    m = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    for k, v in step_exact_match(parts["tool_exact"], parts["gold_steps"]).items():
+        assert m[f"train/step{k}/exact_match"] == pytest.approx(v)
+    assert m["train/step1/exact_match"] == 0.5 and m["tcpo/cf_turns"] == 4.0
+    assert "credit/turn_type/regress/frac" in m and "val/step1/exact_match" in m

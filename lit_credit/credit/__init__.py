@@ -5,6 +5,7 @@ from lit_credit.credit.grpo import DrGRPOCredit, GRPOCredit, group_normalize, gr
 from lit_credit.credit.mt_grpo import MTGRPOCredit, mt_grpo_advantages
 from lit_credit.credit.registry import CreditEstimator, available, get, register
 from lit_credit.credit.slca import SLCACredit, ToolPOCredit, segment_masks, slca_advantages, toolpo_advantages
+from lit_credit.credit.slca_tcpo import SLCATCPOCredit, slca_tcpo_advantages
 from lit_credit.credit.tcpo import (
     TCPOCredit,
     counterfactual_credit,
@@ -23,6 +24,7 @@ __all__ = [
     "GRPOCredit",
     "MTGRPOCredit",
     "SLCACredit",
+    "SLCATCPOCredit",
     "TCPOCredit",
     "ToolPOCredit",
     "available",
@@ -39,6 +41,7 @@ __all__ = [
     "segment_masks",
     "select_counterfactual_turns",
     "slca_advantages",
+    "slca_tcpo_advantages",
     "tcpo_turn_advantages",
     "toolpo_advantages",
     "turn_types",

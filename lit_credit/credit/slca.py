@@ -34,16 +34,27 @@ def segment_masks(response_mask: Tensor) -> tuple[Tensor, Tensor]:
     return m & ~summary, summary
 
 
-def _omitted(score_total: Tensor | None, should_call_but_no_call: Tensor | None) -> Tensor | None:
-    """Omission guard flags: ``should_call_but_no_call or score < 0``; None when neither is given."""
+def omission_guard(
+    tool_score: Tensor, summary_score: Tensor, score_total: Tensor | None, should_call_but_no_call: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Step 2 of methods.md §1: where ``should_call_but_no_call`` or ``score_total < 0``, the tool score(s)
+    become 0 and the summary score becomes ``score_total``. Returns (tool, summary, omitted flags [B] or None
+    when neither input is given).
+
+    Shape:
+        tool_score: [B] or [B, K] (per tool turn); summary_score, score_total, should_call_but_no_call: [B].
+    """
     if should_call_but_no_call is not None and score_total is None:
         raise ValueError(
             "should_call_but_no_call needs score_total (the omission score becomes the summary score)"
         )
-    flags = None if score_total is None else score_total < 0
+    omitted = None if score_total is None else score_total < 0
     if should_call_but_no_call is not None:
-        flags = flags | should_call_but_no_call.bool()
-    return flags
+        omitted = omitted | should_call_but_no_call.bool()
+    if omitted is None:
+        return tool_score, summary_score, None
+    rows = omitted.view(-1, *([1] * (tool_score.dim() - 1)))
+    return torch.where(rows, 0, tool_score), torch.where(omitted, score_total, summary_score), omitted
 
 
 def slca_advantages(
@@ -78,11 +89,7 @@ def slca_advantages(
         response_mask: [B, T]. Output advantages: [B, T]; ``parts["tool"]``, ``parts["summary"]``: [B].
     """
     tool_mask, summary_mask = segment_masks(response_mask)
-    s_tool, s_sum = process_score, summary_score
-    omitted = _omitted(score_total, should_call_but_no_call)
-    if omitted is not None:
-        s_tool = torch.where(omitted, 0, s_tool)
-        s_sum = torch.where(omitted, score_total, s_sum)
+    s_tool, s_sum, omitted = omission_guard(process_score, summary_score, score_total, should_call_but_no_call)
 
     def norm(x: Tensor, present: Tensor) -> Tensor:
         return group_normalize(x, group_ids, present, eps=eps, norm_by_std=norm_by_std)
@@ -123,7 +130,7 @@ def toolpo_advantages(
         Output advantages: [B, T]; ``parts["rollout"]`` (A_global), ``parts["tool"]`` (A_tool): [B].
     """
     tool_mask, _ = segment_masks(response_mask)
-    s_tool = torch.where(_omitted(score_total, should_call_but_no_call), 0, process_score)
+    s_tool, _, _ = omission_guard(process_score, score_total, score_total, should_call_but_no_call)
     a_global = group_normalize(score_total, group_ids, eps=eps, norm_by_std=norm_by_std)
     a_tool = group_normalize(s_tool, group_ids, tool_mask.any(1), eps=eps, norm_by_std=norm_by_std)
     on_tool = torch.where(tool_mask, lam * a_tool[:, None], 0)

@@ -24,7 +24,7 @@ PRESETS, NORMALIZE, SELECT_MODES = get_args(Preset), get_args(Normalize), get_ar
 TURN_TYPES = ("flat", "improve", "maintain", "regress")
 
 
-def _check(kind: str, value: str, options: tuple[str, ...]) -> None:
+def check_choice(kind: str, value: str, options: tuple[str, ...]) -> None:
     if value not in options:
         raise ValueError(f"unknown {kind} {value!r}; valid: {', '.join(options)}")
 
@@ -113,7 +113,7 @@ def select_counterfactual_turns(
     Shape:
         surprisal: [B, K] float, turn_mask: [B, K] bool, group_ids: [B]. Output: [B, K] bool.
     """
-    _check("mode", mode, SELECT_MODES)
+    check_choice("mode", mode, SELECT_MODES)
     mask = turn_mask.bool()
     if mode == "all":
         return mask.clone()
@@ -172,8 +172,8 @@ def tcpo_turn_advantages(
         alt_scores: [B, K, M] (NaN where not sampled), cf_mask: [B, K] bool. Output: [B, K], 0 on turns
         not reached.
     """
-    _check("preset", preset, PRESETS)
-    _check("normalize", normalize, NORMALIZE)
+    check_choice("preset", preset, PRESETS)
+    check_choice("normalize", normalize, NORMALIZE)
     mask = turn_mask.bool()
     scores = torch.where(mask, scores, 0)
     n_turns = scores.shape[1]
@@ -230,6 +230,23 @@ def turn_types(scores: Tensor, turn_mask: Tensor, *, tau: float = 1.0, r0: float
     return torch.where(mask, kind, -1)
 
 
+def turn_credit_metrics(adv: Tensor, scores: Tensor, turn_mask: Tensor, tau: float, r0: float) -> dict[str, float]:
+    """Turn credit by kind and by index: ``credit/turn_type/{flat,improve,maintain,regress}/{adv_mean,
+    adv_std,adv_abs_max,frac}`` over reached turns (:func:`turn_types`) and ``credit/turn/{k}/adv_mean``.
+
+    Shape:
+        adv, scores: [B, K] float, turn_mask: [B, K] bool.
+    """
+    mask = turn_mask.bool()
+    kinds = turn_types(scores, mask, tau=tau, r0=r0)
+    metrics: dict[str, float] = {}
+    for k, name in enumerate(TURN_TYPES):
+        metrics |= token_metrics(adv, kinds == k, f"credit/turn_type/{name}/")
+        metrics[f"credit/turn_type/{name}/frac"] = share(kinds[mask] == k)
+    by_index = (torch.where(mask, adv, 0).sum(0) / mask.sum(0).clamp_min(1)).tolist()
+    return metrics | {f"credit/turn/{k}/adv_mean": v for k, v in enumerate(by_index)}
+
+
 @register("tcpo")
 class TCPOCredit(CreditEstimator):
     """:func:`tcpo_turn_advantages` of ``batch.turn_scores`` spread onto the tokens by ``batch.turn_ids``.
@@ -256,8 +273,8 @@ class TCPOCredit(CreditEstimator):
         r0: float = 0.0,
         eps: float = 1e-6,
     ) -> None:
-        _check("preset", preset, PRESETS)
-        _check("normalize", normalize, NORMALIZE)
+        check_choice("preset", preset, PRESETS)
+        check_choice("normalize", normalize, NORMALIZE)
         self.preset = preset
         self.normalize = normalize
         self.w_retro = w_retro
@@ -290,11 +307,5 @@ class TCPOCredit(CreditEstimator):
             **vars(self),
         )
         tokens = turns_to_tokens(adv, batch.turn_ids)
-        metrics = token_metrics(tokens, batch.turn_ids >= 0)
-        kinds = turn_types(scores, mask, tau=self.tau, r0=self.r0)
-        for k, name in enumerate(TURN_TYPES):
-            metrics |= token_metrics(adv, kinds == k, f"credit/turn_type/{name}/")
-            metrics[f"credit/turn_type/{name}/frac"] = share(kinds[mask] == k)
-        by_index = (torch.where(mask, adv, 0).sum(0) / mask.sum(0).clamp_min(1)).tolist()
-        metrics |= {f"credit/turn/{k}/adv_mean": v for k, v in enumerate(by_index)}
+        metrics = token_metrics(tokens, batch.turn_ids >= 0) | turn_credit_metrics(adv, scores, mask, self.tau, self.r0)
         return CreditOutput(tokens, {"turn": adv}, metrics)

@@ -30,7 +30,7 @@ from lit_credit.rewards.dpa import (
 from lit_credit.rewards.form_line import line_correct
 from lit_credit.rollout.loop import Episode, to_batch
 from lit_credit.tasks.form import action_text, parse_decision, parse_value, role_prompt
-from lit_credit.types import Completion, RolloutBatch, SamplingParams
+from lit_credit.types import Completion, CreditTrace, RolloutBatch, SamplingParams
 
 
 @dataclass
@@ -289,12 +289,15 @@ class DPAGRPOModule(GRPOModule):
         return logs | {f"{stage}/dpa/case/{c}": v for c, v in case_shares(game.cases).items()}
 
     # ------------------------------------------------------------------------------------------------ loss
-    def action_loss(self, batch: RolloutBatch | None, pairs: bool) -> tuple[torch.Tensor, dict[str, float]]:
-        """The DPA loss of one set of action sequences under the active adapter (0 for an empty set)."""
+    def action_loss(self, batch: RolloutBatch | None, pairs: bool, source: str = "",
+                    cases: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """The DPA loss of one set of action sequences under the active adapter (0 for an empty set); the
+        credited batch is kept in ``credit_trace`` as ``source`` with each row's DPA case."""
         if batch is None:
             return torch.zeros((), device=self.device), {}
         batch = batch.to(self.device)
         credit = (self.credit if pairs else self.group_credit)(batch)
+        self.credit_trace.append(CreditTrace(source, batch, credit.advantages, cases))
         ref = self.reference_logprobs(batch)
         logp, _ = self._logprobs(self.policy, batch)
         mask = batch.response_mask
@@ -313,6 +316,7 @@ class DPAGRPOModule(GRPOModule):
         logs = {**self.rollout_metrics(proposals, "train"), **self.game_metrics(game, "train"),
                 "perf/game_s": time.perf_counter() - start}
 
+        self.credit_trace = []
         parts = {"verifier": [("verifier", game.verifier, True, self.verifier_weight)],
                  "generator": [("approver", game.approver, True, 1.0), ("revisions", game.revisions, False, 1.0),
                               ("proposals", proposals, False, self.proposal_weight)]}
@@ -329,7 +333,9 @@ class DPAGRPOModule(GRPOModule):
                 total = torch.zeros((), device=self.device)
                 for name, batch, pairs, weight in parts[role]:
                     if weight and batch is not None:
-                        loss, metrics = self.action_loss(batch, pairs)
+                        # rows of the role batches are grouped by decision; proposal i is decision i
+                        cases = game.cases if name == "proposals" else game.cases[batch.group_ids.cpu()]
+                        loss, metrics = self.action_loss(batch, pairs, name, cases)
                         total = total + weight * loss
                         logs[f"loss/kl/{name}"] = metrics.get("loss/kl", 0.0)
                 if total.requires_grad:

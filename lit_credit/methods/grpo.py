@@ -10,11 +10,12 @@ import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
+from lit_credit.analysis.records import credit_leakage
 from lit_credit.credit.registry import CreditEstimator
 from lit_credit.losses import PolicyLoss, masked_mean
 from lit_credit.models.logprobs import token_logprobs
 from lit_credit.models.policy import PolicySource, is_peft
-from lit_credit.types import RolloutBatch
+from lit_credit.types import CreditTrace, RolloutBatch
 
 # Checkpoints hold the state after step N's update, consistent with global_step = N: that is what we want.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
@@ -54,6 +55,7 @@ class GRPOModule(L.LightningModule):
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.ppo_epochs, self.num_minibatches, self.max_grad_norm = ppo_epochs, num_minibatches, max_grad_norm
         self.dynamic_sampling, self.max_logprob_gap = dynamic_sampling, max_logprob_gap
+        self.credit_trace: list[CreditTrace] = []  # the last step's credited batches (callbacks.CreditRecords)
         self.policy, self.tokenizer = policy.load()
         self.uses_reference = loss.kl_coef > 0
         self.reference = None  # a LoRA policy's reference is itself with adapters disabled
@@ -132,6 +134,10 @@ class GRPOModule(L.LightningModule):
             ref_logp = self.reference_logprobs(batch)
         credit = self.credit(batch)
         advantages, mask = credit.advantages, batch.response_mask
+        self.credit_trace = [CreditTrace("policy", batch, advantages)]
+        leakage = credit_leakage(batch, advantages)
+        if leakage == leakage:  # not NaN: a tool task with a summary score
+            logs["credit/leakage"] = leakage
         diagnostics = self.credit_diagnostics(batch, advantages)
         if diagnostics and self.logger is not None:  # sparse: straight to the logger, so never repeated stale
             self.logger.log_metrics(diagnostics, step=self.global_step)

@@ -1,4 +1,5 @@
-"""SLCA-GRPO: the GRPO module with segment credit (``credit=slca``) and HierR rewards; only metrics differ."""
+"""SLCA-GRPO: the GRPO module with segment credit (``credit=slca``) and HierR rewards; only metrics differ.
+SLCA x TCPO (``credit=slca_tcpo``) adds TCPO's counterfactual resampling of tool turns."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +8,22 @@ import torch.nn.functional as F
 from lit_credit.credit.slca import segment_masks
 from lit_credit.losses import aggregate
 from lit_credit.methods.grpo import GRPOModule
+from lit_credit.methods.tcpo import TCPOModule
 from lit_credit.types import RolloutBatch
+
+
+def step_exact_match(tool_exact: torch.Tensor, gold_steps: torch.Tensor) -> dict[int, float]:
+    """Per gold step k (1-based): the share of the rollouts whose plan has at least k steps whose tool turn k
+    exists and matches gold step k exactly; steps no rollout's plan reaches are left out.
+
+    Shape:
+        tool_exact: [B, K] float (1 = exact, 0 = not or no such turn), gold_steps: [B]. Output: {k: share}.
+    """
+    depth = int(gold_steps.max().item()) if len(gold_steps) else 0
+    exact = torch.cat([tool_exact, tool_exact.new_zeros(len(tool_exact), max(depth - tool_exact.shape[1], 0))], 1)
+    has_step = gold_steps[:, None] > torch.arange(depth)
+    hits = ((exact[:, :depth] == 1) & has_step).sum(0)
+    return {k + 1: (hits[k] / has_step[:, k].sum()).item() for k in range(depth)}
 
 
 class SLCAGRPOModule(GRPOModule):
@@ -17,6 +33,8 @@ class SLCAGRPOModule(GRPOModule):
     - ``<stage>/success@t``: share of rollouts with ``score >= t`` for t in ``success_thresholds``;
     - ``<stage>/tool/exact_match``: share whose calls match gold names, keys and values exactly
       (``name = key = value = 1``; a no-call reply to an irrelevant prompt counts as exact);
+    - ``<stage>/step{k}/exact_match``: per gold step, :func:`step_exact_match` of the per-turn
+      ``tool_exact`` (multi-step plans: did tool turn k make exactly gold step k's calls);
     - ``slca/grad_cosine`` every ``grad_cosine_every`` steps: the cosine between the policy-loss gradients
       of the tool tokens and of the summary tokens (``L_seg`` = the loss with the advantage restricted to
       one segment), the cross-segment interference SLCA removes.
@@ -35,6 +53,9 @@ class SLCAGRPOModule(GRPOModule):
         if {"name", "key", "value"} <= parts.keys():
             exact = (parts["name"] == 1) & (parts["key"] == 1) & (parts["value"] == 1)
             logs[f"{stage}/tool/exact_match"] = exact.float().mean().item()
+        if {"tool_exact", "gold_steps"} <= parts.keys():
+            steps = step_exact_match(parts["tool_exact"], parts["gold_steps"])
+            logs.update({f"{stage}/step{k}/exact_match": v for k, v in steps.items()})
         return logs
 
     def credit_diagnostics(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
@@ -53,3 +74,20 @@ class SLCAGRPOModule(GRPOModule):
         if not all(g.norm() > 0 for g in grads):
             return {}
         return {"slca/grad_cosine": F.cosine_similarity(grads[0], grads[1], dim=0).item()}
+
+
+class SLCATCPOModule(SLCAGRPOModule, TCPOModule):
+    """SLCA-GRPO's metrics and diagnostics with TCPO's counterfactual resampling, for ``credit=slca_tcpo``
+    (and its baselines ``credit=slca`` / ``grpo``, which leave the resampling off).
+
+    With preset ``tcpo`` (``w_cf != 0``) the top ``cf_top_l`` tool turns per group (by ``cf_select``) are
+    resampled ``cf_samples`` times from their exact history, and each alternative is scored by the reward's
+    per-turn tool score against that turn's gold step (:meth:`~lit_credit.rewards.HierRReward.turn_score`).
+    """
+
+    def scored_turns(self, batch: RolloutBatch) -> torch.Tensor | None:
+        mask = batch.reward_parts.get("tool_turn_mask")
+        return None if mask is None else mask.bool()
+
+    def score_alternative(self, row: dict, turn: int, reply: str) -> float:
+        return self.rollouts.reward.turn_score(row, turn, reply)

@@ -41,7 +41,7 @@ class TCPOModule(GRPOModule):
     ``w_cf != 0``): the top ``cf_top_l`` turns per group by ``cf_select`` (``surprisal``: mean negative
     behaviour log-prob of the turn; ``random``; ``all``) are resampled ``cf_samples`` times from their exact
     history tokens (``input_ids[i, :turn_starts[i, k]]``) with the rollout engine and sampling settings,
-    each alternative scored by the environment's verifier at that turn; the result is
+    each alternative scored by :meth:`score_alternative` (the environment's verifier at that turn); the result is
     ``reward_parts["alt_scores"]`` [B, K, M] (NaN where not sampled) and ``reward_parts["cf_mask"]`` [B, K].
 
     Metrics (``<stage>/``): ``pass@turn{k}`` (best-turn pass rate within the first k turns, k = 1..K),
@@ -67,11 +67,19 @@ class TCPOModule(GRPOModule):
         metrics = turn_metrics(batch.turn_scores, batch.turn_mask, self.success, getattr(env, "max_turns", 1))
         return logs | {f"{stage}/{k}": v for k, v in metrics.items()}
 
+    def scored_turns(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """[B, K] bool: the turns that carry a score and may be resampled (the verifier's turns), or None."""
+        return None if batch.turn_scores is None else batch.turn_mask.bool()
+
+    def score_alternative(self, row: dict, turn: int, reply: str) -> float:
+        """The score of an alternative ``reply`` at ``turn``: the environment's verifier."""
+        return self.rollouts.env.step(row, turn, reply).score or 0.0
+
     @torch.no_grad()
     def augment_experience(self, batch: RolloutBatch) -> dict[str, float]:
-        if not getattr(self.credit, "uses_counterfactual", False) or batch.turn_scores is None:
+        mask = self.scored_turns(batch)
+        if not getattr(self.credit, "uses_counterfactual", False) or mask is None:
             return {}
-        mask = batch.turn_mask.bool()
         selected = select_counterfactual_turns(batch.turn_surprisal(), mask, batch.group_ids, top_l=self.cf_top_l,
                                                mode=self.cf_select, generator=self._cf_generator)
         rollout, turn = selected.nonzero(as_tuple=True)
@@ -80,9 +88,9 @@ class TCPOModule(GRPOModule):
         data = self.rollouts
         alternatives = data.engine.generate(prefixes, replace(data.sampling, n=self.cf_samples)) if prefixes else []
         rows = [batch.metadata[i]["row"] for i in rollout.tolist()]
-        scores = [[data.env.step(row, k, c.text).score or 0.0 for c in alts]
+        scores = [[self.score_alternative(row, k, c.text) for c in alts]
                   for row, k, alts in zip(rows, turn.tolist(), alternatives)]
-        alt = torch.full((*mask.shape, self.cf_samples), float("nan"), device=batch.turn_scores.device)
+        alt = torch.full((*mask.shape, self.cf_samples), float("nan"), device=mask.device)
         if scores:
             alt[rollout, turn] = torch.tensor(scores, dtype=alt.dtype, device=alt.device)
         batch.reward_parts["alt_scores"], batch.reward_parts["cf_mask"] = alt, selected

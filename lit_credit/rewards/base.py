@@ -11,7 +11,8 @@ class Reward(Protocol):
     the environment's answers the policy saw (tool outputs, in order), for rewards that judge their use;
     ``turn_scores`` are the environment's per-turn verifier scores (None where a turn was not scored).
 
-    Returns a dict of floats that always holds ``score``; other keys are logged as reward parts.
+    Returns a dict that always holds ``score``; other keys are reward parts: a float (logged, [B] in the
+    batch) or a list of floats, one per turn (right-padded with 0 into [B, K] in the batch).
     Bad model output is never an exception: it scores 0 and the reason is a part (e.g. ``format``).
     """
 

@@ -321,6 +321,30 @@ def tool_process_score(text: str, gold_calls: Any, allowed_tools: Any,
     return parts
 
 
+def step_plan(gold_steps: Sequence[Sequence[dict[str, Any]]], turn: int) -> list[list[dict[str, Any]]]:
+    """Gold step ``turn`` as a one-step plan ``[step]``; ``[]`` (the empty plan) beyond the gold steps."""
+    return [list(gold_steps[turn])] if 0 <= turn < len(gold_steps) else []
+
+
+def tool_turn_scores(tool_turns: Sequence[str], gold_calls: Any, allowed_tools: Any,
+                     weights: Mapping[str, float] | None = None) -> list[dict[str, float]]:
+    """Per-turn HierR scores of the tool turns of a rollout (SLCA x TCPO, methods.md §1-§2).
+
+    Tool turn k (0-based) is scored alone against gold step k: ``tool_process_score(turn_k,
+    step_plan(gold, k))``, so a turn beyond the gold steps is scored against the empty plan (an extra call
+    loses name and parallel; stopping would have scored 0.9). Each dict also holds
+    ``exact = 1[name = key = value = 1]``: the turn's calls are exactly gold step k's (names as a multiset,
+    every key and value).
+    """
+    gold = normalize_gold_calls(gold_calls)
+    out = []
+    for k, text in enumerate(tool_turns):
+        parts = tool_process_score(text, step_plan(gold, k), allowed_tools, weights)
+        exact = k < len(gold) and parts["name"] == 1 and parts["key"] == 1 and parts["value"] == 1
+        out.append({**parts, "exact": float(exact)})
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ reward
 def final_reply(text: str) -> str:
     """The reply the summary judge sees: ``<think>`` stripped, then the text after the last
@@ -377,6 +401,11 @@ class HierRReward:
     Omission: when gold has at least one call and the think-stripped text has no ``<tool_call>`` or
     ``</tool_call>`` tag, ``should_call_but_no_call = 1`` and ``score = omission_score`` (-0.5); the judge is
     not called then (``summary = 0``), as the estimator replaces the summary score by ``score`` anyway.
+
+    Per turn (lists, one entry per tool turn: every reply but the last, the SLCA segment rule; the rollout
+    batch pads them into [B, K]): ``tool_scores`` (each turn's process score against its gold step,
+    :func:`tool_turn_scores`), ``tool_turn_mask`` (1 per tool turn) and ``tool_exact``; plus ``gold_steps``,
+    the number of gold steps. :meth:`turn_score` scores one alternative turn the same way.
     """
 
     def __init__(self, w_process: float = 1.0, w_summary: float = 1.0, judge: SummaryJudge | None = None,
@@ -405,5 +434,15 @@ class HierRReward:
         score = self.w_process * parts["process"] + self.w_summary * summary
         if omitted:
             score = self.omission_score
+        turns = tool_turn_scores(replies[:-1], gold, _field(row, "allowed_tools"), self.weights)
         return {"score": score, **parts, "summary": summary, "should_call_but_no_call": float(omitted),
-                "judge_failed": float(failed)}
+                "judge_failed": float(failed), "gold_steps": float(len(gold)),
+                "tool_scores": [t["process"] for t in turns], "tool_turn_mask": [1.0] * len(turns),
+                "tool_exact": [t["exact"] for t in turns]}
+
+    def turn_score(self, row: dict[str, Any], turn: int, reply: str) -> float:
+        """The process score of ``reply`` as tool turn ``turn`` (0-based) of ``row``, against gold step
+        ``turn`` (:func:`tool_turn_scores`): how TCPO's counterfactual alternatives of a tool turn are scored."""
+        gold = normalize_gold_calls(_field(row, "gold_tool_calls"))
+        text = strip_think(reply) if isinstance(reply, str) else ""
+        return tool_process_score(text, step_plan(gold, turn), _field(row, "allowed_tools"), self.weights)["process"]

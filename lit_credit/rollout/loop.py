@@ -86,8 +86,17 @@ def run_episodes(engine: RolloutEngine, codec: ChatCodec, env: Environment, rows
     return episodes
 
 
+def _stack_part(values: list[float | list[float]], num_turns: int) -> torch.Tensor:
+    """Floats -> [B]; per-turn lists -> [B, K] right-padded with 0 (K: the batch's turns, or the longest list)."""
+    if not isinstance(values[0], (list, tuple)):
+        return torch.tensor([float(v) for v in values])
+    width = max(num_turns, *(len(v) for v in values))
+    return torch.tensor([[float(x) for x in v] + [0.0] * (width - len(v)) for v in values])
+
+
 def to_batch(episodes: list[Episode], rewards: list[dict[str, float]], pad_id: int) -> RolloutBatch:
-    """Right-pad episodes into a RolloutBatch; ``rewards[i]`` holds episode i's parts (``score`` required)."""
+    """Right-pad episodes into a RolloutBatch; ``rewards[i]`` holds episode i's parts (``score`` required;
+    per-turn list parts become [B, K] tensors, see :func:`_stack_part`)."""
     width = max(len(e.token_ids) for e in episodes)
 
     def pad(key: str, value: float, dtype: torch.dtype) -> torch.Tensor:
@@ -102,7 +111,7 @@ def to_batch(episodes: list[Episode], rewards: list[dict[str, float]], pad_id: i
     if any(s is not None for e in episodes for s in e.turn_scores):
         turn_scores = torch.tensor([[float(e.turn_scores[k] or 0.0) if k < len(e.turn_scores) else 0.0
                                      for k in range(num_turns)] for e in episodes])
-    parts = {k: torch.tensor([float(r[k]) for r in rewards]) for k in rewards[0] if k != "score"}
+    parts = {k: _stack_part([r[k] for r in rewards], num_turns) for k in rewards[0] if k != "score"}
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

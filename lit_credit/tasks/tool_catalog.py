@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 CATALOG_VERSION = 2
-SUBSETS = ("single", "parallel", "multi", "irrelevant")
+SUBSETS = ("single", "parallel", "multi", "irrelevant", "chain")
 
 
 def dumps(obj: Any) -> str:
@@ -444,6 +444,37 @@ TEMPLATES: tuple[Template, ...] = (
        "query person",
        lambda v, r: [[s := call("web_search", query=v["query"])],
                      [call("send_email", to=v["person"], subject=r(s)["top_result"])]]),
+    # chain: two or three sequential steps, each later call copies a value of the previous response
+    _t("dinner_plan", "chain",
+       "Find a {cuisine} restaurant in {city}, add it to my calendar on {date}, and email the event id to {person}.",
+       "cuisine city date person",
+       lambda v, r: [[s := call("find_restaurant", city=v["city"], cuisine=v["cuisine"])],
+                     [e := call("create_event", title=r(s)["name"], date=v["date"])],
+                     [call("send_email", to=v["person"], subject=r(e)["event_id"])]]),
+    _t("search_share", "chain",
+       "Search the web for {query}, translate the top result into {language}, and email it to {person}.",
+       "query language person",
+       lambda v, r: [[s := call("web_search", query=v["query"])],
+                     [t := call("translate_text", text=r(s)["top_result"], language=v["language"])],
+                     [call("send_email", to=v["person"], subject=r(t)["translation"])]]),
+    _t("stock_report", "chain",
+       "Get the {symbol} stock price, convert it from USD to {dst}, and email the result to {person}.",
+       "symbol dst:foreign person",
+       lambda v, r: [[s := call("get_stock_price", symbol=v["symbol"])],
+                     [c := call("convert_currency", amount=r(s)["price"], **{"from": "USD", "to": v["dst"]})],
+                     [call("send_email", to=v["person"], subject=str(r(c)["result"]))]]),
+    _t("flight_gate", "chain", "Check flight {flight}, then add its gate to my calendar on {date}.",
+       "flight date",
+       lambda v, r: [[s := call("get_flight_status", flight=v["flight"])],
+                     [call("create_event", title=r(s)["gate"], date=v["date"])]]),
+    _t("news_translate", "chain", "Get the latest news about {topic} and translate the headline into {language}.",
+       "topic language",
+       lambda v, r: [[s := call("get_news", topic=v["topic"])],
+                     [call("translate_text", text=r(s)["headline"], language=v["language"])]]),
+    _t("rate_calculate", "chain", "Look up the {src} to {dst} rate, then calculate {amount} times that rate.",
+       "src:currency dst:currency amount",
+       lambda v, r: [[s := call("get_exchange_rate", base=v["src"], quote=v["dst"])],
+                     [call("calculate", expression=f"{v['amount']} * {r(s)['rate']}")]]),
     # irrelevant: no call; the ideal reply answers directly
     _t("capital", "irrelevant", "What is the capital of {country}?", "country",
        answer=lambda v: f"The capital of {v['country']} is {CAPITALS[v['country']]}."),

@@ -4,7 +4,8 @@ Pieces: :class:`ToolSimulator` (deterministic programmatic tool backend) and :cl
 frozen model behind the same ``respond(call, schema)``), :class:`ToolEnvironment` (answers every
 ``<tool_call>`` block of a reply with ``tool`` messages; a reply without a tag ends the episode),
 :class:`ToolCallTask` (synthetic prompts of the subsets single / parallel / multi / irrelevant, or the rows of
-a public SLCA RL parquet via :func:`load_toucan_parquet`) and its gold demonstrations.
+a public SLCA RL parquet via :func:`load_toucan_parquet`) and its gold demonstrations. The ``chain`` subset
+(two or three steps, each copying a value of the previous response) is the ``toolcall_multistep`` task.
 
 Row format (every row, same types): ``prompt`` (list of ``{"role", "content"}``), ``tools`` (JSON string of
 the allowed tools' OpenAI schemas), ``gold_tool_calls`` (JSON string of the nested steps x calls list),
@@ -508,7 +509,8 @@ class ToolCallTask(Task):
     Synthetic mode (default): questions from the templates of :mod:`~lit_credit.tasks.tool_catalog`, values
     from its small vocabularies; subsets ``single`` (one call), ``parallel`` (one step, two calls in one
     block), ``multi`` (two sequential steps; some second steps use the first result, computed with the
-    programmatic simulator), ``irrelevant`` (gold ``[]``; the ideal reply answers directly). ``subsets``:
+    programmatic simulator), ``irrelevant`` (gold ``[]``; the ideal reply answers directly), ``chain`` (two or
+    three steps, each later call copying a value of the previous response). ``subsets``:
     None (:data:`DEFAULT_SUBSETS`), names (equal weights; a list or a comma-separated string) or
     ``{name: weight}``; each split holds exactly the apportioned count per subset (:func:`apportion`).
     A prompt offers the gold tools plus ``randint(1, max_distractors)`` distractors (irrelevant: 1 to

@@ -19,8 +19,10 @@ from lit_credit.rewards.hierr import (
     name_f1,
     normalize_gold_calls,
     parse_tool_calls,
+    step_plan,
     strip_think,
     tool_process_score,
+    tool_turn_scores,
 )
 from lit_credit.rewards.judges import SummaryJudge
 
@@ -297,7 +299,8 @@ def test_reward_total_and_judge_inputs():
     assert out["score"] == pytest.approx(2.0)
     parts = ("process", "summary", "should_call_but_no_call", "judge_failed")
     assert [out[k] for k in parts] == [1, 0.75, 0, 0]
-    assert set(out) == {"score", *COMPONENTS, "process", "summary", "should_call_but_no_call", "judge_failed"}
+    assert set(out) == {"score", *COMPONENTS, "process", "summary", "should_call_but_no_call", "judge_failed",
+                        "gold_steps", "tool_scores", "tool_turn_mask", "tool_exact"}
     assert judge.seen[-1] == (ROW["question"], ['{"rain": true}'], SUMMARY)
 
 
@@ -389,3 +392,42 @@ JSONV = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | s
 @given(JSONV, JSONV)
 def test_fuzz_loose_equal_never_raises(a, b):
     assert isinstance(loose_equal(a, b), bool)
+
+
+# ------------------------------------------------------------------------------------------------ per turn
+PLAN = [[call("f", x=1)], [call("g", y=2)]]  # two sequential gold steps
+
+
+@pytest.mark.parametrize(("turn", "text", "process", "exact"), [
+    # against step 0 [f(x=1)]: all five components 1
+    (0, tc(call("f", x=1)), 1.0, 1.0),
+    # against step 1 [g(y=2)]: right name and key, wrong value: .10 + .25 + .15 + 0 + .30 = 0.80
+    (1, tc(call("g", y=3)), 0.80, 0.0),
+    # against step 1, no call at all: no tag (format 0), empty predictions (name 0, key = value = 0),
+    # 0 calls vs 1 (parallel 0) = 0
+    (1, "I am done.", 0.0, 0.0),
+    # beyond the plan (the empty plan): format .10, name 0 (a call where none is due), key = value = 1
+    # (no gold arguments), parallel 0 (1 call vs 0) = .10 + .15 + .20 = 0.45; never exact
+    (2, tc(call("f", x=1)), 0.45, 0.0),
+])
+def test_tool_turn_scores_against_their_own_gold_step(turn, text, process, exact):
+    turns = ["filler"] * turn + [text]
+    scored = tool_turn_scores(turns, PLAN, ["f", "g"])[turn]
+    assert scored["process"] == pytest.approx(process) and scored["exact"] == exact
+    assert step_plan(PLAN, 2) == [] and step_plan(PLAN, 1) == [PLAN[1]]
+
+
+def test_reward_returns_per_turn_tool_scores_and_scores_alternatives_alike():
+    row = {"question": "q", "allowed_tools": ["f", "g"], "gold_tool_calls": PLAN}
+    reward = HierRReward(judge=FixedJudge())
+    replies = [tc(call("f", x=1)), tc(call("g", y=3)), SUMMARY]
+    out = reward(row, replies, tool_responses=["r1", "r2"])
+    # The last reply is the summary (SLCA's rule); the two before are tool turns 0 and 1 (table above).
+    assert out["tool_scores"] == pytest.approx([1.0, 0.80]) and out["tool_turn_mask"] == [1.0, 1.0]
+    assert out["tool_exact"] == [1.0, 0.0] and out["gold_steps"] == 2.0
+    # The whole-rollout process score is unchanged: value (1 + 0) / 2 = 0.5 -> .1 + .25 + .15 + .1 + .3 = 0.9
+    assert out["process"] == pytest.approx(0.9)
+    assert reward.turn_score(row, 1, tc(call("g", y=2))) == pytest.approx(1.0)
+    assert reward.turn_score(row, 1, "<think>x</think>" + tc(call("g", y=3))) == pytest.approx(0.80)
+    single = reward(row, [SUMMARY])  # one reply: a summary, no tool turn
+    assert single["tool_scores"] == [] and single["tool_turn_mask"] == [] and single["tool_exact"] == []

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from collections import Counter
 
@@ -12,6 +13,7 @@ import pytest
 from lit_credit.rewards.hierr import HierRReward, normalize_gold_calls, tool_process_score
 from lit_credit.tasks.tool_catalog import HANDLERS, SCHEMAS, SUBSETS, TEMPLATES, call_hash, fact
 from lit_credit.tasks.toolcall import (
+    DEFAULT_SUBSETS,
     TRUNCATED,
     LLMToolSimulator,
     ToolCallTask,
@@ -237,7 +239,7 @@ def test_demonstrations_match_the_reward_the_environment_and_the_test_split(task
             assert fb.done == (turn == len(replies) - 1)
             replayed += fb.info["tool_responses"]
         assert replayed == tool_messages
-    assert set(seen) == set(SUBSETS)
+    assert set(seen) == set(DEFAULT_SUBSETS)
 
 
 def test_dependent_second_steps_use_the_first_result(task):
@@ -253,6 +255,32 @@ def test_dependent_second_steps_use_the_first_result(task):
             assert second["arguments"]["title"] == f"Dinner at {result['name']}"
     assert fact("get_weather", WEATHER["arguments"], sim.respond(WEATHER)).startswith("The weather in Seoul on 2026-11-30 is ")
     assert fact("get_weather", {}, '{"error":"boom"}') == "get_weather failed: boom."
+
+
+def test_chain_steps_copy_a_value_of_the_previous_response_and_gold_turns_score_one():
+    # toolcall_multistep's subset: every later call carries a value of the previous step's response.
+    task = ToolCallTask(num_train=120, num_test=30, subsets={"chain": 1.0}, max_distractors=1, max_turns=4)
+    sim, reward = ToolSimulator(), HierRReward()
+    copied = {"find_restaurant": ("name", "title"), "create_event": ("event_id", "subject"),
+              "web_search": ("top_result", "text"), "translate_text": ("translation", "subject"),
+              "get_stock_price": ("price", "amount"), "convert_currency": ("result", "subject"),
+              "get_flight_status": ("gate", "title"), "get_news": ("headline", "text")}
+    depths = Counter()
+    for row, demo in task.demonstration_rows(60, seed=1):
+        steps = [step[0] for step in normalize_gold_calls(row["gold_tool_calls"])]
+        depths[len(steps)] += 1
+        for prev, nxt in itertools.pairwise(steps):
+            result = json.loads(sim.respond(prev))
+            if prev["name"] == "get_exchange_rate":
+                assert nxt["arguments"]["expression"].endswith(f"* {result['rate']}")
+            else:
+                out_key, in_key = copied[prev["name"]]
+                assert str(nxt["arguments"][in_key]) == str(result[out_key])
+        replies = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
+        scored = reward(row, replies)
+        assert scored["tool_scores"] == [1.0] * len(steps) and scored["tool_exact"] == [1.0] * len(steps)
+    assert set(depths) == {2, 3}
+    assert set(task.dataset("test")["subset"]) == {"chain"}
 
 
 # ------------------------------------------------------------------------------------------------ parquet

@@ -1,0 +1,5 @@
+"""Credit analysis: per-(rollout, turn) credit records, their loader and the standard plots."""
+
+from lit_credit.analysis.records import credit_leakage, credit_records, write_shard
+
+__all__ = ["credit_leakage", "credit_records", "write_shard"]

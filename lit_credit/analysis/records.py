@@ -1,0 +1,149 @@
+"""Credit records: one row per (rollout, turn) of a training batch with the credit it received.
+
+Schema (every shard, every method; a column a method lacks holds its neutral value):
+
+=============== ======= ==============================================================================
+column          type    meaning
+=============== ======= ==============================================================================
+step            int64   optimiser step (``trainer.global_step`` after the update)
+method          string  the run's method label (e.g. the credit estimator's name: ``slca``)
+source          string  which batch of the step: ``policy`` (GRPO family) or a DPA-GRPO role batch
+                        (``verifier``, ``approver``, ``revisions``, ``proposals``)
+group           int64   group id (one per prompt, or per DPA decision)
+rollout         int64   row of the batch
+turn            int64   assistant turn index k (0-based)
+segment         string  ``tool`` / ``summary`` (SLCA's rule, on tool tasks) or ``turn`` (other tasks)
+turn_type       string  TCPO's ``flat`` / ``improve`` / ``maintain`` / ``regress`` where the turn has a
+                        per-turn score (``turn_scores``, or a tool turn's ``tool_scores``), else ""
+case            string  DPA-GRPO decision case (``1`` ... ``6b``), else ""
+turn_score      float64 the turn's score (verifier score or tool-turn score), NaN where none
+score           float64 the rollout's total reward
+advantage       float64 mean advantage over the turn's learnable tokens
+advantage_min   float64 / advantage_max: its extremes
+tokens          int64   learnable tokens of the turn
+excerpt         string  the first ``excerpt_chars`` characters of the turn's text
+reward/<part>   float64 every per-rollout reward part (``reward/process``, ``reward/summary``, ...)
+=============== ======= ==============================================================================
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from lit_credit.credit.slca import segment_masks
+from lit_credit.credit.tcpo import TURN_TYPES, turn_types
+from lit_credit.rewards.dpa import CASES
+from lit_credit.types import CreditTrace, RolloutBatch
+
+
+def _turn_scores(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The per-turn scores that carry TCPO turn types: the verifier's, else the tool turns'."""
+    if batch.turn_scores is not None:
+        return batch.turn_scores, batch.turn_mask.bool()
+    parts = batch.reward_parts
+    if "tool_scores" in parts and "tool_turn_mask" in parts:
+        return parts["tool_scores"], parts["tool_turn_mask"].bool()
+    return None
+
+
+def credit_records(trace: CreditTrace, *, step: int, method: str, excerpt_chars: int = 80) -> pd.DataFrame:
+    """The records (module docstring) of one credited batch, one row per (rollout, turn) with >= 1 token.
+
+    Per-turn sums are one scatter over ``rollout * K + turn``; only the text excerpts are per-row Python.
+    """
+    batch, adv = trace.batch, trace.advantages.detach().float().cpu()
+    mask = batch.response_mask.cpu() > 0
+    turn_ids = batch.turn_ids.cpu()
+    n_turns = int(turn_ids.max().item()) + 1 if turn_ids.numel() else 0
+    if n_turns == 0 or not mask.any():
+        return pd.DataFrame()
+    b = len(batch)
+    on = mask & (turn_ids >= 0)
+    cell = (torch.arange(b)[:, None] * n_turns + turn_ids.clamp_min(0)).reshape(-1)[on.reshape(-1)]
+    values = adv[on]
+    tokens = torch.zeros(b * n_turns).index_add_(0, cell, torch.ones_like(values))
+    total = torch.zeros(b * n_turns).index_add_(0, cell, values)
+    low = torch.full((b * n_turns,), math.inf).scatter_reduce(0, cell, values, "amin")
+    high = torch.full((b * n_turns,), -math.inf).scatter_reduce(0, cell, values, "amax")
+    present = (tokens > 0).view(b, n_turns)
+    rollout, turn = present.nonzero(as_tuple=True)
+    flat = rollout * n_turns + turn
+
+    parts = {k: v.cpu() for k, v in batch.reward_parts.items()}
+    if "process" in parts:  # a tool task: SLCA's segments
+        _, summary = segment_masks(batch.response_mask.cpu())
+        is_summary = torch.zeros(b * n_turns).index_add_(
+            0, cell, summary.reshape(-1)[on.reshape(-1)].float()).view(b, n_turns) > 0
+        segment = ["summary" if s else "tool" for s in is_summary[rollout, turn].tolist()]
+    else:
+        segment = ["turn"] * len(flat)
+    kinds, turn_score = [""] * len(flat), [math.nan] * len(flat)
+    scored = _turn_scores(batch)
+    if scored is not None:
+        s, m = scored[0].cpu().float(), scored[1].cpu()
+        width = min(s.shape[1], n_turns)
+        pad = n_turns - width
+        s = torch.cat([s[:, :width], s.new_zeros(b, pad)], 1)
+        m = torch.cat([m[:, :width], m.new_zeros(b, pad)], 1)
+        k = turn_types(s, m)[rollout, turn].tolist()
+        kinds = [TURN_TYPES[x] if x >= 0 else "" for x in k]
+        turn_score = torch.where(m, s, math.nan)[rollout, turn].tolist()
+    cases = [""] * len(flat)
+    if trace.cases is not None:
+        cases = [CASES[c] for c in trace.cases.cpu()[rollout].tolist()]
+    replies = [m.get("replies", []) for m in batch.metadata] if batch.metadata else [[] for _ in range(b)]
+    excerpt = [(replies[i][k] if k < len(replies[i]) else "")[:excerpt_chars]
+               for i, k in zip(rollout.tolist(), turn.tolist())]
+    count = tokens[flat]
+    frame = {
+        "step": step, "method": method, "source": trace.source,
+        "group": batch.group_ids.cpu()[rollout].numpy(), "rollout": rollout.numpy(), "turn": turn.numpy(),
+        "segment": segment, "turn_type": kinds, "case": cases, "turn_score": turn_score,
+        "score": batch.scores.cpu().double()[rollout].numpy(),
+        "advantage": (total[flat] / count).double().numpy(),
+        "advantage_min": low[flat].double().numpy(), "advantage_max": high[flat].double().numpy(),
+        "tokens": count.long().numpy(), "excerpt": excerpt,
+    }
+    frame |= {f"reward/{k}": v.double()[rollout].numpy() for k, v in sorted(parts.items()) if v.dim() == 1}
+    return pd.DataFrame(frame)
+
+
+def credit_leakage(batch: RolloutBatch, advantages: torch.Tensor) -> float:
+    """Cross-segment leakage: the Pearson correlation, over the rollouts with a tool segment, between the
+    summary score (``reward_parts["summary"]``) and the rollout's mean tool-token advantage. High under GRPO
+    (one advantage for both segments), near 0 under SLCA. NaN without a summary score, with fewer than 3
+    such rollouts, or when either side is constant.
+    """
+    summary = batch.reward_parts.get("summary")
+    if summary is None:
+        return math.nan
+    tool, _ = segment_masks(batch.response_mask)
+    has_tool = tool.any(1)
+    if has_tool.sum() < 3:
+        return math.nan
+    tool_adv = (advantages * tool).sum(1)[has_tool] / tool.sum(1)[has_tool]
+    x, y = summary[has_tool].double(), tool_adv.double()
+    x, y = x - x.mean(), y - y.mean()
+    denom = (x.square().sum() * y.square().sum()).sqrt()
+    return (x * y).sum().div(denom).item() if denom > 1e-12 else math.nan
+
+
+def write_shard(frame: pd.DataFrame, directory: str | os.PathLike, name: str) -> Path:
+    """Write ``frame`` as ``directory/name.parquet`` atomically (a temporary file, then a rename)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"{name}.parquet"
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".parquet.tmp", dir=directory)
+    os.close(fd)
+    try:
+        frame.to_parquet(tmp, index=False)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return target

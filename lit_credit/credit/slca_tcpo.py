@@ -1,0 +1,158 @@
+"""SLCA x TCPO: SLCA-GRPO's segments, with TCPO turn credit inside the tool segment (methods.md §1 + §2).
+
+SLCA gives the whole tool segment one scalar, so a right first call and a wrong second call get the same
+credit; TCPO gives turn credit but knows no segments. Both are pure functions of the same records, so here
+the summary keeps SLCA's advantage and each tool turn gets a TCPO credit computed from per-turn tool scores
+(``tool_scores`` [B, K]: turn k's calls scored against gold step k, see
+:func:`lit_credit.rewards.hierr.tool_turn_scores`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lit_credit.credit.grpo import group_normalize, share, token_metrics, zero_group_frac
+from lit_credit.credit.registry import register
+from lit_credit.credit.slca import omission_guard, segment_masks
+from lit_credit.credit.tcpo import (
+    Normalize,
+    Preset,
+    TCPOCredit,
+    tcpo_turn_advantages,
+    turn_credit_metrics,
+    turns_to_tokens,
+)
+from lit_credit.types import CreditOutput, RolloutBatch
+
+
+def slca_tcpo_advantages(
+    tool_scores: Tensor,
+    tool_turn_mask: Tensor,
+    summary_score: Tensor,
+    response_mask: Tensor,
+    turn_ids: Tensor,
+    group_ids: Tensor,
+    *,
+    score_total: Tensor | None = None,
+    should_call_but_no_call: Tensor | None = None,
+    preset: Preset = "retro_hindsight",
+    normalize: Normalize = "std",
+    alt_scores: Tensor | None = None,
+    cf_mask: Tensor | None = None,
+    w_retro: float = 1.0,
+    w_hind: float = 1.0,
+    w_cf: float = 1.0,
+    tau: float = 1.0,
+    mu: float = 0.1,
+    rho: float = 1.0,
+    r0: float = 0.0,
+    w_process: float = 1.0,
+    w_summary: float = 1.0,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+) -> CreditOutput:
+    """Composed token advantages: SLCA on the summary, TCPO turn credit on each tool turn.
+
+    1. Segments from the mask (:func:`~lit_credit.credit.slca.segment_masks`): the last learnable run is
+       the summary, every earlier run (assistant turn k, by ``turn_ids``) is tool turn k.
+    2. Omission guard (SLCA step 2): where ``should_call_but_no_call`` or ``score_total < 0``, every tool
+       score of the rollout is 0 and ``s_sum = score_total``.
+    3. Summary: ``A_sum = w_summary * Norm_{g(i)}(s_sum)`` over the group's rollouts with a summary
+       (presence guard), exactly SLCA's.
+    4. Tool turns: ``A_turn[i, k] = w_process * TCPO(tool_scores, tool_turn_mask)[i, k]`` with TCPO's
+       ``preset`` (:func:`~lit_credit.credit.tcpo.tcpo_turn_advantages`; default ``retro_hindsight``:
+       ``c = w_retro * retro + w_hind * hind``, ``+ w_cf * cf`` with preset ``tcpo`` and ``alt_scores``),
+       scaled within the group by ``normalize`` (default ``std``: ``c / (std_G c + eps)`` over the group's
+       tool turns, no centring); ``w_process`` after scaling, as in SLCA.
+    5. ``advantages = tool_mask * A_turn[i, turn_ids] + summary_mask * A_sum`` (0 outside the response mask).
+
+    Reduction: with one tool turn per rollout whose score is the rollout's process score and turn credit
+    off (``preset="trajectory"``: ``A = Norm_{g(i)}`` of the last tool turn's score over the rollouts with a
+    tool turn), this is :func:`~lit_credit.credit.slca.slca_advantages` exactly.
+
+    Metrics: ``credit/adv_*``, ``credit/tool/adv_*``, ``credit/summary/adv_*``, ``credit/omission_frac``,
+    ``credit/tool_present_frac``, ``credit/tool_turns`` (mean tool turns per rollout),
+    ``credit/summary/zero_variance_group_frac``, and over the tool turns ``credit/turn_type/*`` and
+    ``credit/turn/{k}/adv_mean`` (:func:`~lit_credit.credit.tcpo.turn_credit_metrics`).
+
+    Shape:
+        tool_scores: [B, K] float, tool_turn_mask: [B, K] bool (a prefix of the turns), summary_score,
+        group_ids, score_total, should_call_but_no_call: [B]; response_mask, turn_ids: [B, T];
+        alt_scores: [B, K, M] (NaN where not sampled), cf_mask: [B, K]. Output advantages: [B, T];
+        ``parts["turn"]`` (A_turn) [B, K], ``parts["summary"]`` (A_sum) [B].
+    """
+    tool_mask, summary_mask = segment_masks(response_mask)
+    mask = tool_turn_mask.bool()
+    s_turn, s_sum, omitted = omission_guard(tool_scores, summary_score, score_total, should_call_but_no_call)
+    a_sum = w_summary * group_normalize(s_sum, group_ids, summary_mask.any(1), eps=eps, norm_by_std=norm_by_std)
+    a_turn = w_process * tcpo_turn_advantages(
+        s_turn, mask, group_ids, preset=preset, normalize=normalize, alt_scores=alt_scores, cf_mask=cf_mask,
+        w_retro=w_retro, w_hind=w_hind, w_cf=w_cf, tau=tau, mu=mu, rho=rho, r0=r0, eps=eps,
+    )
+    on_turn = torch.where(turn_ids < a_turn.shape[1], turn_ids, -1)  # the summary turn may lie past K
+    tokens = torch.where(tool_mask, turns_to_tokens(a_turn, on_turn), 0) + torch.where(summary_mask, a_sum[:, None], 0)
+    metrics = {
+        **token_metrics(tokens, response_mask),
+        **token_metrics(tokens, tool_mask, "credit/tool/"),
+        **token_metrics(tokens, summary_mask, "credit/summary/"),
+        "credit/omission_frac": 0.0 if omitted is None else share(omitted),
+        "credit/tool_present_frac": share(mask.any(1)),
+        "credit/tool_turns": mask.sum(1).float().mean().item(),
+        "credit/summary/zero_variance_group_frac": zero_group_frac(a_sum, group_ids),
+        **turn_credit_metrics(a_turn, s_turn, mask, tau, r0),
+    }
+    return CreditOutput(tokens, {"turn": a_turn, "summary": a_sum}, metrics)
+
+
+@register("slca_tcpo")
+class SLCATCPOCredit(TCPOCredit):
+    """:func:`slca_tcpo_advantages` of ``batch.reward_parts``: ``tool_scores`` and ``tool_turn_mask``
+    ([B, K], from :class:`~lit_credit.rewards.HierRReward`), ``summary``, the omission inputs ``score``
+    (default ``batch.scores``) and ``should_call_but_no_call``, and TCPO's optional ``alt_scores`` /
+    ``cf_mask`` (added by :class:`~lit_credit.methods.SLCATCPOModule` when ``uses_counterfactual``).
+    TCPO's settings as in :class:`~lit_credit.credit.TCPOCredit` (default preset ``retro_hindsight``), plus
+    SLCA's segment weights and ``norm_by_std`` of the summary.
+    """
+
+    def __init__(
+        self,
+        *,
+        preset: Preset = "retro_hindsight",
+        normalize: Normalize = "std",
+        w_retro: float = 1.0,
+        w_hind: float = 1.0,
+        w_cf: float = 1.0,
+        tau: float = 1.0,
+        mu: float = 0.1,
+        rho: float = 1.0,
+        r0: float = 0.0,
+        w_process: float = 1.0,
+        w_summary: float = 1.0,
+        eps: float = 1e-6,
+        norm_by_std: bool = True,
+    ) -> None:
+        super().__init__(preset=preset, normalize=normalize, w_retro=w_retro, w_hind=w_hind, w_cf=w_cf, tau=tau,
+                         mu=mu, rho=rho, r0=r0, eps=eps)
+        self.w_process = w_process
+        self.w_summary = w_summary
+        self.norm_by_std = norm_by_std
+
+    def __call__(self, batch: RolloutBatch) -> CreditOutput:
+        parts = batch.reward_parts
+        if "tool_scores" not in parts or "tool_turn_mask" not in parts:
+            raise ValueError("credit=slca_tcpo needs per-turn tool scores (reward_parts tool_scores and "
+                             "tool_turn_mask): use reward=hierr on a tool task (task=toolcall_multistep)")
+        return slca_tcpo_advantages(
+            parts["tool_scores"],
+            parts["tool_turn_mask"],
+            parts["summary"],
+            batch.response_mask,
+            batch.turn_ids,
+            batch.group_ids,
+            score_total=parts.get("score", batch.scores),
+            should_call_but_no_call=parts.get("should_call_but_no_call"),
+            alt_scores=parts.get("alt_scores"),
+            cf_mask=parts.get("cf_mask"),
+            **vars(self),
+        )
