@@ -101,8 +101,9 @@ class RolloutBatch:
     def to(self, device: torch.device | str) -> RolloutBatch:
         return self._map(lambda t: t.to(device))
 
-    def _per_turn(self, values: Tensor, reduce: str, fill: float) -> Tensor:
-        """``values`` [B, T] reduced over the tokens of each turn into [B, K] (``fill`` for turns with none)."""
+    def per_turn(self, values: Tensor, reduce: str, fill: float) -> Tensor:
+        """``values`` [B, T] reduced (``sum``, ``amin``, ``amax``, ...) over the tokens of each turn into [B, K]
+        (``fill`` for turns with none); one scatter over the turn ids."""
         num_turns = self.turn_mask.shape[1] if self.turn_mask is not None else int(self.turn_ids.max()) + 1
         on_turn = self.turn_ids >= 0
         index = self.turn_ids.clamp_min(0)
@@ -112,15 +113,15 @@ class RolloutBatch:
     def turn_surprisal(self) -> Tensor:
         """[B, K]: mean negative behaviour log-prob of each turn's tokens (0 for turns not reached)."""
         on_turn = (self.turn_ids >= 0).float()
-        nll = self._per_turn(-self.behaviour_logprobs * on_turn, "sum", 0.0)
-        count = self._per_turn(on_turn, "sum", 0.0)
+        nll = self.per_turn(-self.behaviour_logprobs * on_turn, "sum", 0.0)
+        count = self.per_turn(on_turn, "sum", 0.0)
         return nll / count.clamp_min(1)
 
     def turn_starts(self) -> Tensor:
         """[B, K] long: the position of each turn's first token (T for turns not reached), so
         ``input_ids[i, :turn_starts[i, k]]`` is the exact history turn k was sampled from."""
         positions = torch.arange(self.input_ids.shape[1], device=self.input_ids.device).expand_as(self.turn_ids)
-        return self._per_turn(positions.float(), "amin", float(self.input_ids.shape[1])).long()
+        return self.per_turn(positions.float(), "amin", float(self.input_ids.shape[1])).long()
 
     def select(self, index: Tensor) -> RolloutBatch:
         """Rows ``index`` (a [N] long or [B] bool tensor) of every per-rollout field."""

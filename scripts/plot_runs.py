@@ -15,7 +15,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-import yaml
+from lit_credit.analysis.load import run_overrides
 
 try:
     from scripts.tb_scalars import scalars
@@ -28,10 +28,9 @@ def load_sweep(sweep_dir: str | Path, metric: str, by: str) -> dict[str, list[di
     groups: dict[str, list[dict[int, float]]] = defaultdict(list)
     for overrides_file in sorted(Path(sweep_dir).rglob(".hydra/overrides.yaml")):
         run = overrides_file.parent.parent
-        overrides = dict(o.split("=", 1) for o in yaml.safe_load(overrides_file.read_text()) or [] if "=" in o)
         series = scalars(run).get(metric)
         if series:
-            groups[overrides.get(by, "default")].append(dict(series))
+            groups[run_overrides(run).get(by, "default")].append(dict(series))
     return dict(groups)
 
 

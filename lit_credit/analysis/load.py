@@ -8,8 +8,9 @@ import pandas as pd
 import yaml
 
 
-def _overrides(run: Path) -> dict[str, str]:
-    file = run / ".hydra" / "overrides.yaml"
+def run_overrides(run: str | os.PathLike) -> dict[str, str]:
+    """``{key: value}`` of a Hydra run's command-line overrides (``<run>/.hydra/overrides.yaml``); {} without."""
+    file = Path(run) / ".hydra" / "overrides.yaml"
     if not file.exists():
         return {}
     return dict(o.split("=", 1) for o in yaml.safe_load(file.read_text()) or [] if "=" in o)
@@ -37,7 +38,7 @@ def load_records(path: str | os.PathLike) -> pd.DataFrame:
         run = records.parent
         frame = pd.concat([pd.read_parquet(f) for f in sorted(records.glob("*.parquet"))], ignore_index=True)
         frame["run"] = str(run.relative_to(root)) if run != root and root in run.parents else "."
-        for key, value in _overrides(run).items():
+        for key, value in run_overrides(run).items():
             if key not in frame.columns:
                 frame[key] = value
         frames.append(frame)

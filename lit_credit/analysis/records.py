@@ -54,35 +54,28 @@ def _turn_scores(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor] | Non
 def credit_records(trace: CreditTrace, *, step: int, method: str, excerpt_chars: int = 80) -> pd.DataFrame:
     """The records (module docstring) of one credited batch, one row per (rollout, turn) with >= 1 token.
 
-    Per-turn sums are one scatter over ``rollout * K + turn``; only the text excerpts are per-row Python.
+    Per-turn sums, extremes and segments are scatters over the turn ids (:meth:`RolloutBatch.per_turn`);
+    only the text excerpts are per-row Python.
     """
-    batch, adv = trace.batch, trace.advantages.detach().float().cpu()
-    mask = batch.response_mask.cpu() > 0
-    turn_ids = batch.turn_ids.cpu()
-    n_turns = int(turn_ids.max().item()) + 1 if turn_ids.numel() else 0
-    if n_turns == 0 or not mask.any():
+    batch = trace.batch
+    if not (batch.turn_ids >= 0).any():
         return pd.DataFrame()
-    b = len(batch)
-    on = mask & (turn_ids >= 0)
-    cell = (torch.arange(b)[:, None] * n_turns + turn_ids.clamp_min(0)).reshape(-1)[on.reshape(-1)]
-    values = adv[on]
-    tokens = torch.zeros(b * n_turns).index_add_(0, cell, torch.ones_like(values))
-    total = torch.zeros(b * n_turns).index_add_(0, cell, values)
-    low = torch.full((b * n_turns,), math.inf).scatter_reduce(0, cell, values, "amin")
-    high = torch.full((b * n_turns,), -math.inf).scatter_reduce(0, cell, values, "amax")
-    present = (tokens > 0).view(b, n_turns)
-    rollout, turn = present.nonzero(as_tuple=True)
-    flat = rollout * n_turns + turn
+    adv = trace.advantages.detach().float()
+    tokens = batch.per_turn((batch.turn_ids >= 0).float(), "sum", 0.0).cpu()
+    total = batch.per_turn(adv, "sum", 0.0).cpu()
+    low = batch.per_turn(adv, "amin", math.inf).cpu()
+    high = batch.per_turn(adv, "amax", -math.inf).cpu()
+    b, n_turns = tokens.shape
+    rollout, turn = (tokens > 0).nonzero(as_tuple=True)
 
     parts = {k: v.cpu() for k, v in batch.reward_parts.items()}
     if "process" in parts:  # a tool task: SLCA's segments
-        _, summary = segment_masks(batch.response_mask.cpu())
-        is_summary = torch.zeros(b * n_turns).index_add_(
-            0, cell, summary.reshape(-1)[on.reshape(-1)].float()).view(b, n_turns) > 0
+        _, summary = segment_masks(batch.response_mask)
+        is_summary = batch.per_turn(summary.float(), "amax", 0.0).cpu() > 0
         segment = ["summary" if s else "tool" for s in is_summary[rollout, turn].tolist()]
     else:
-        segment = ["turn"] * len(flat)
-    kinds, turn_score = [""] * len(flat), [math.nan] * len(flat)
+        segment = ["turn"] * len(rollout)
+    kinds, turn_score = [""] * len(rollout), [math.nan] * len(rollout)
     scored = _turn_scores(batch)
     if scored is not None:
         s, m = scored[0].cpu().float(), scored[1].cpu()
@@ -93,20 +86,20 @@ def credit_records(trace: CreditTrace, *, step: int, method: str, excerpt_chars:
         k = turn_types(s, m)[rollout, turn].tolist()
         kinds = [TURN_TYPES[x] if x >= 0 else "" for x in k]
         turn_score = torch.where(m, s, math.nan)[rollout, turn].tolist()
-    cases = [""] * len(flat)
+    cases = [""] * len(rollout)
     if trace.cases is not None:
         cases = [CASES[c] for c in trace.cases.cpu()[rollout].tolist()]
     replies = [m.get("replies", []) for m in batch.metadata] if batch.metadata else [[] for _ in range(b)]
     excerpt = [(replies[i][k] if k < len(replies[i]) else "")[:excerpt_chars]
                for i, k in zip(rollout.tolist(), turn.tolist())]
-    count = tokens[flat]
+    count = tokens[rollout, turn]
     frame = {
         "step": step, "method": method, "source": trace.source,
         "group": batch.group_ids.cpu()[rollout].numpy(), "rollout": rollout.numpy(), "turn": turn.numpy(),
         "segment": segment, "turn_type": kinds, "case": cases, "turn_score": turn_score,
         "score": batch.scores.cpu().double()[rollout].numpy(),
-        "advantage": (total[flat] / count).double().numpy(),
-        "advantage_min": low[flat].double().numpy(), "advantage_max": high[flat].double().numpy(),
+        "advantage": (total[rollout, turn] / count).double().numpy(),
+        "advantage_min": low[rollout, turn].double().numpy(), "advantage_max": high[rollout, turn].double().numpy(),
         "tokens": count.long().numpy(), "excerpt": excerpt,
     }
     frame |= {f"reward/{k}": v.double()[rollout].numpy() for k, v in sorted(parts.items()) if v.dim() == 1}
