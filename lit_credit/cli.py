@@ -7,12 +7,30 @@ from __future__ import annotations
 from lightning.pytorch.cli import LightningCLI
 
 from data_modules import RolloutDataModule
+from lit_credit.checkpoint import atomic_checkpoints, claim_run_dir
 from lit_credit.methods import GRPOModule
 
 
+class CreditCLI(LightningCLI):
+    """LightningCLI with lit-credit's guarantees: a run directory holding a run is not reused unless
+    resuming (``--ckpt_path``), checkpoints are written atomically, and our own checkpoints load in full
+    (``weights_only`` defaults to false: they pickle hyperparameters and RNG states)."""
+
+    def _parse_ckpt_path(self) -> None:
+        """No-op: the run's config comes from ``--config``; Lightning's version would re-read the checkpoint's
+        hyperparameters with ``weights_only=True``, which refuses our pickled credit, loss and RNG states."""
+
+    def fit(self, model, **kwargs) -> None:
+        claim_run_dir(self.trainer.default_root_dir, resuming=kwargs.get("ckpt_path") is not None)
+        atomic_checkpoints(self.trainer)
+        if kwargs.get("weights_only") is None:
+            kwargs["weights_only"] = False
+        self.trainer.fit(model, **kwargs)
+
+
 def cli(args=None, run: bool = True) -> LightningCLI:
-    return LightningCLI(GRPOModule, RolloutDataModule, subclass_mode_model=True, args=args, run=run,
-                        save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
+    return CreditCLI(GRPOModule, RolloutDataModule, subclass_mode_model=True, args=args, run=run,
+                     save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
 
 
 def main() -> None:

@@ -6,15 +6,21 @@ from pathlib import Path
 
 import hydra
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+from lit_credit.checkpoint import atomic_checkpoints, atomic_write, claim_run_dir
+from lit_credit.config import check_config
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 log = logging.getLogger(__name__)
 
 
 def build(cfg: DictConfig) -> tuple[L.LightningModule, L.LightningDataModule, L.Trainer]:
-    """Instantiate the module, the DataModule and the Trainer (with its logger and callbacks) from ``cfg``."""
+    """Check ``cfg`` (:func:`~lit_credit.config.check_config`), then instantiate the module, the DataModule and
+    the Trainer (with its logger and callbacks; checkpoints written atomically)."""
+    check_config(cfg)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
     module = instantiate(cfg.method)
@@ -22,15 +28,34 @@ def build(cfg: DictConfig) -> tuple[L.LightningModule, L.LightningDataModule, L.
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
     logger = instantiate(cfg.logger) if cfg.get("logger") else False
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
+    atomic_checkpoints(trainer)
     return module, datamodule, trainer
 
 
+def record_config(cfg: DictConfig, output_dir: Path) -> None:
+    """Write ``.hydra/{config,hydra,overrides}.yaml`` into the run directory, atomically, as Hydra would (Hydra's
+    own writing is off, ``hydra.output_subdir: null``, so that it cannot overwrite an earlier run's record)."""
+    hydra_cfg = HydraConfig.get()
+    files = {"config.yaml": cfg, "hydra.yaml": OmegaConf.create({"hydra": hydra_cfg}),
+             "overrides.yaml": hydra_cfg.overrides.task}
+    for name, content in files.items():
+        atomic_write(output_dir / ".hydra" / name, lambda tmp, c=content: tmp.write_text(OmegaConf.to_yaml(c)))
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Build everything from ``cfg``, optionally validate once, fit; returns the final logged metrics."""
+    """Claim the run directory, build everything from ``cfg``, optionally validate once (not when resuming),
+    fit; returns the final logged metrics."""
+    resuming = bool(cfg.get("ckpt_path"))
+    output_dir = Path(cfg.paths.output_dir)
+    claim_run_dir(output_dir, resuming)
+    if HydraConfig.initialized():
+        record_config(cfg, output_dir)
     module, datamodule, trainer = build(cfg)
-    if cfg.get("validate_first") and not trainer.fast_dev_run:
+    if cfg.get("validate_first") and not trainer.fast_dev_run and not resuming:
         trainer.validate(module, datamodule=datamodule, verbose=False)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    # weights_only=False: a lit-credit checkpoint also pickles hyperparameters (credit, loss) and RNG states;
+    # only load checkpoints you trust (your own runs).
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=False)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     log.info("final metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items()) if "/" in k})
     return metrics

@@ -48,7 +48,7 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     text: str
-    finish_reason: str = "stop"  # "stop" | "length"
+    finish_reason: str = "stop"  # "stop" | "length" | "error" (the engine failed: no tokens)
 
 
 @dataclass

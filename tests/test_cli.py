@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from hydra.utils import instantiate
 
@@ -43,3 +44,20 @@ def test_cli_config_builds_what_the_hydra_experiment_builds(make_cfg, cache_dir,
     assert describe(built.model, built.datamodule) == describe(module, datamodule)
     assert built.trainer.max_steps == trainer.max_steps
     assert Path(module.source.resolve()).is_dir()
+
+
+def test_cli_fit_refuses_a_used_directory_and_resumes_its_own_checkpoint(cache_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the CLI config writes under outputs/cli/grpo_arith (relative)
+    embedded = "--model.init_args.policy.init_args.embedded.init_args."
+    args = ["fit", "--config", str(CLI_CONFIG), f"{embedded}cache_dir={cache_dir}",
+            *[f"{embedded}{o.removeprefix('model.embedded.')}" for o in FAST_MODEL], "--data.prompts_per_step=2",
+            "--data.sampling.init_args.n=2", "--data.task.init_args.max_operand=9",
+            f"{embedded}task.init_args.max_operand=9"]
+    first = cli(args=[*args, "--trainer.max_steps=1"])
+    assert first.trainer.global_step == 1
+    ckpt = tmp_path / "outputs" / "cli" / "grpo_arith" / "checkpoints" / "step1.ckpt"
+    first.trainer.save_checkpoint(ckpt)
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        cli(args=[*args, "--trainer.max_steps=2"])
+    resumed = cli(args=[*args, "--trainer.max_steps=2", f"--ckpt_path={ckpt}"])  # loads RNG states, hparams
+    assert resumed.trainer.global_step == 2

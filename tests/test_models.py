@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from lit_credit.models import EmbeddedPolicy, PolicySource, build_tokenizer, token_logprobs
+from lit_credit.models.logprobs import length_buckets
 from lit_credit.models.sft import encode_demonstration
 from lit_credit.models.tokenizer import TOOLS_INSTRUCTION, tool_signature
 from lit_credit.rollout import ChatCodec
@@ -120,3 +121,35 @@ def test_text_generator_is_greedy_decoding_of_a_local_model_and_drives_an_llm_ju
     judge = LLMJudge(generator, max_retries=2, backoff=0)
     result = judge("Weather in Oslo?", ['{"temp_c": 3}'], "It is 3 C in Oslo today.")
     assert (result.failed, result.score, judge.calls, judge.failures) == (True, 0.0, 3, 1)
+
+
+def test_length_buckets_hand_table():
+    # lengths 3, 7, 5, 1 (right padding); budget 10 tokens. Sorted longest first: rows 1 (7), 2 (5), 0 (3), 3 (1).
+    # Bucket 1 starts at width 7: 10 // 7 = 1 row. Bucket 2 at width 5: 10 // 5 = 2 rows (2, 0).
+    # Bucket 3 at width 1: row 3. A row longer than the budget still gets a bucket of its own.
+    mask = (torch.arange(8) < torch.tensor([3, 7, 5, 1])[:, None]).long()
+    got = [(rows.tolist(), width) for rows, width in length_buckets(mask, 10)]
+    assert got == [([1], 7), ([2, 0], 5), ([3], 1)]
+    assert [(rows.tolist(), width) for rows, width in length_buckets(mask, 4)] == [([1], 7), ([2], 5), ([0], 3), ([3], 1)]
+
+
+def test_padding_free_logprobs_and_gradients_equal_the_padded_pass():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2)
+    model = LlamaForCausalLM(config)
+    lengths = torch.tensor([5, 40, 12, 3, 40, 21])
+    mask = (torch.arange(40) < lengths[:, None]).long()
+    ids = torch.randint(1, 50, (6, 40)) * mask
+    grads = []
+    for budget in (None, 48):  # buckets: (40), (40), (21, 12) at width 21, (5, 3) at width 5
+        model.zero_grad()
+        logp, entropy = token_logprobs(model, ids, mask, token_budget=budget)
+        (logp * mask).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        if budget is None:
+            reference = (logp * mask, entropy * mask)
+        else:
+            assert torch.allclose(logp, reference[0], atol=1e-5) and torch.allclose(entropy, reference[1], atol=1e-5)
+            assert (logp[mask == 0] == 0).all()  # padding stays 0
+    assert torch.allclose(grads[0], grads[1], atol=1e-5)

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from lit_credit.checkpoint import atomic_write
 from lit_credit.credit.slca import segment_masks
 from lit_credit.credit.tcpo import TURN_TYPES, turn_types
 from lit_credit.rewards.dpa import CASES
@@ -128,15 +128,4 @@ def credit_leakage(batch: RolloutBatch, advantages: torch.Tensor) -> float:
 
 def write_shard(frame: pd.DataFrame, directory: str | os.PathLike, name: str) -> Path:
     """Write ``frame`` as ``directory/name.parquet`` atomically (a temporary file, then a rename)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"{name}.parquet"
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".parquet.tmp", dir=directory)
-    os.close(fd)
-    try:
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return target
+    return atomic_write(Path(directory) / f"{name}.parquet", lambda tmp: frame.to_parquet(tmp, index=False))

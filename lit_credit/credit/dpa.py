@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from lit_credit.credit.grpo import group_normalize, rollout_credit
-from lit_credit.credit.registry import CreditEstimator, register
+from lit_credit.credit.registry import CreditEstimator, check_batch, register
 from lit_credit.types import CreditOutput, RolloutBatch
 
 
@@ -34,5 +34,6 @@ class DPACredit(CreditEstimator):
         self.eps = eps
 
     def __call__(self, batch: RolloutBatch) -> CreditOutput:
+        check_batch(batch, {"batch.scores": batch.scores})
         adv = group_normalize(batch.scores, batch.group_ids, eps=self.eps, unbiased=False)
         return rollout_credit(adv, batch.response_mask, batch.group_ids)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_credit.credit.registry import CreditEstimator, register
+from lit_credit.credit.registry import CreditEstimator, check_batch, register
 from lit_credit.types import CreditOutput, RolloutBatch
 
 
@@ -69,7 +69,7 @@ def group_normalize(
 
 def token_metrics(advantages: Tensor, mask: Tensor, prefix: str = "credit/") -> dict[str, float]:
     """``{prefix}adv_mean``, ``adv_std`` (population), ``adv_abs_max`` over the tokens where ``mask``."""
-    a = advantages[mask.bool()]
+    a = advantages.reshape(-1)[mask.reshape(-1).bool()]  # 1-D: one index per token, not (row, col) pairs
     if a.numel() == 0:
         return {f"{prefix}adv_mean": 0.0, f"{prefix}adv_std": 0.0, f"{prefix}adv_abs_max": 0.0}
     return {
@@ -131,6 +131,7 @@ class GRPOCredit(CreditEstimator):
         self.eps = eps
 
     def __call__(self, batch: RolloutBatch) -> CreditOutput:
+        check_batch(batch, {"batch.scores": batch.scores})
         return grpo_advantages(
             batch.scores, batch.response_mask, batch.group_ids, eps=self.eps, norm_by_std=self.norm_by_std
         )

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from lit_credit.credit.grpo import group_normalize, token_metrics, zero_group_frac
-from lit_credit.credit.registry import CreditEstimator, register
+from lit_credit.credit.registry import CreditEstimator, check_batch, register
 from lit_credit.types import CreditOutput, RolloutBatch
 
 
@@ -36,9 +36,8 @@ def mt_grpo_advantages(
     """
     a_turn = group_normalize(turn_score, group_ids, turn_present, eps=eps, norm_by_std=norm_by_std)
     a_out = group_normalize(outcome_score, group_ids, eps=eps, norm_by_std=norm_by_std)
-    tokens = torch.where(turn_ids >= 0, a_out[:, None], 0) + torch.where(
-        turn_ids == 0, c * a_turn[:, None], 0
-    )
+    first = (a_out + c * a_turn)[:, None]
+    tokens = torch.where(turn_ids == 0, first, torch.where(turn_ids > 0, a_out[:, None], 0))
     metrics = {
         **token_metrics(tokens, turn_ids >= 0),
         "credit/zero_variance_group_frac": zero_group_frac(a_out, group_ids),
@@ -50,7 +49,8 @@ def mt_grpo_advantages(
 @register("mt_grpo")
 class MTGRPOCredit(CreditEstimator):
     """:func:`mt_grpo_advantages` with turn reward ``batch.turn_scores[:, 0]`` (present where
-    ``batch.turn_mask[:, 0]``), outcome reward ``batch.scores`` and ``batch.turn_ids``."""
+    ``batch.turn_mask[:, 0]``), outcome reward ``batch.scores`` and ``batch.turn_ids`` (read only on the
+    response mask, so tokens with ``response_mask == 0`` get 0 whatever their turn id)."""
 
     def __init__(self, *, c: float = 1.0, eps: float = 1e-6, norm_by_std: bool = True) -> None:
         self.c = c
@@ -58,10 +58,16 @@ class MTGRPOCredit(CreditEstimator):
         self.norm_by_std = norm_by_std
 
     def __call__(self, batch: RolloutBatch) -> CreditOutput:
+        if batch.turn_scores is None or batch.turn_mask is None:
+            raise ValueError("credit=mt_grpo needs per-turn verifier scores (batch.turn_scores and "
+                             "batch.turn_mask): use a task whose environment scores every turn "
+                             "(task=math_revise or task=code_revise)")
+        check_batch(batch, {"batch.scores": batch.scores,
+                            "batch.turn_scores": (batch.turn_scores[:, :1], batch.turn_mask[:, :1])})
         return mt_grpo_advantages(
             batch.turn_scores[:, 0],
             batch.scores,
-            batch.turn_ids,
+            torch.where(batch.response_mask.bool(), batch.turn_ids, -1),
             batch.group_ids,
             turn_present=batch.turn_mask[:, 0],
             c=self.c,

@@ -9,14 +9,23 @@ attributes, so Hydra (``_target_: lit_credit.credit.GRPOCredit``) and LightningC
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
+
+import torch
+from torch import Tensor
 
 from lit_credit.types import CreditOutput, RolloutBatch
 
+MAX_LISTED_ROWS = 10
+
 
 class CreditEstimator(ABC):
-    """``RolloutBatch -> CreditOutput``: per-token advantages, zero wherever ``response_mask == 0``."""
+    """``RolloutBatch -> CreditOutput``: per-token advantages, zero wherever ``response_mask == 0``.
+
+    Every estimator first runs :func:`check_batch` on the fields it reads, so an empty batch, a field with
+    the wrong number of rows or a NaN / inf input is a ``ValueError`` naming the field, never NaN credit.
+    """
 
     @abstractmethod
     def __call__(self, batch: RolloutBatch) -> CreditOutput: ...
@@ -55,3 +64,43 @@ def get(name: str) -> type[CreditEstimator]:
 def available() -> list[str]:
     """Registered names, sorted."""
     return sorted(_REGISTRY)
+
+
+def check_batch(batch: RolloutBatch, values: Mapping[str, Tensor | tuple[Tensor, Tensor]]) -> None:
+    """The input check every registered estimator runs before computing credit.
+
+    Raises ``ValueError`` (naming the field and the fix) when the batch has no rollout (``B = 0``), when a
+    value does not have one row per rollout, or when a value holds NaN / inf. ``values`` maps a field's
+    name (as the message shows it, e.g. ``"batch.scores"``) to its tensor, or to ``(tensor, where)`` to
+    check only where the bool ``where`` (same leading dims, e.g. ``turn_mask`` for ``turn_scores``) is set.
+    Inside a training run the data module zeroes and counts non-finite rewards before credit sees them, so
+    this fires only on batches built by hand or by a broken reward.
+
+    Shape:
+        every value: [B, ...]; where: [B, ...] with a prefix of the value's shape.
+    """
+    n_rows = batch.response_mask.shape[0] if batch.response_mask.dim() else 0
+    if n_rows == 0:
+        raise ValueError("empty batch: batch.response_mask has 0 rows (B = 0); fix: skip the credit step "
+                         "when no rollout is left (e.g. after dynamic sampling dropped every group)")
+    for name, value in {"batch.group_ids": batch.group_ids, **values}.items():
+        tensor, where = value if isinstance(value, tuple) else (value, None)
+        if tensor.dim() == 0 or tensor.shape[0] != n_rows:
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)} but the batch has {n_rows} rollouts "
+                             f"(batch.response_mask rows); fix: give one value per rollout")
+        bad = ~torch.isfinite(tensor)
+        if where is not None:
+            bad &= where.bool().reshape(*where.shape, *[1] * (tensor.dim() - where.dim()))
+        if bad.any():
+            rows = bad.reshape(n_rows, -1).any(1).nonzero().flatten().tolist()
+            listed = f"{rows[:MAX_LISTED_ROWS]}"[:-1] + (", ...]" if len(rows) > MAX_LISTED_ROWS else "]")
+            raise ValueError(f"{name} has {int(bad.sum())} non-finite values (NaN/inf) at rows {listed}; "
+                             "fix: the reward must return finite floats")
+
+
+def require_parts(batch: RolloutBatch, keys: tuple[str, ...], *, credit: str, fix: str) -> None:
+    """Raise ``ValueError`` naming the missing ``batch.reward_parts`` keys an estimator reads, and the fix."""
+    missing = [k for k in keys if k not in batch.reward_parts]
+    if missing:
+        raise ValueError(f"credit={credit} needs batch.reward_parts {missing} (the batch has "
+                         f"{sorted(batch.reward_parts)}); fix: {fix}")

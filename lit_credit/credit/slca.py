@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from lit_credit.credit.grpo import group_normalize, share, token_metrics, zero_group_frac
-from lit_credit.credit.registry import CreditEstimator, register
+from lit_credit.credit.registry import CreditEstimator, check_batch, register, require_parts
 from lit_credit.types import CreditOutput, RolloutBatch
 
 
@@ -28,9 +28,13 @@ def segment_masks(response_mask: Tensor) -> tuple[Tensor, Tensor]:
         their union the response mask.
     """
     m = response_mask.bool()
+    if m.shape[1] == 0:
+        return m, m.clone()
     starts = m & ~torch.cat([m.new_zeros(m.shape[0], 1), m[:, :-1]], 1)
-    run = starts.cumsum(1)  # 1-based index of the run each learnable token belongs to
-    summary = m & (run == starts.sum(1, keepdim=True))
+    # start of the last run = the first start of the reversed row (argmax takes the first maximum); a row
+    # without runs gets T - 1, harmless as its mask is empty
+    last_start = m.shape[1] - 1 - starts.view(torch.uint8).flip(1).argmax(1, keepdim=True)
+    summary = m & (torch.arange(m.shape[1], device=m.device) >= last_start)
     return m & ~summary, summary
 
 
@@ -94,14 +98,15 @@ def slca_advantages(
     def norm(x: Tensor, present: Tensor) -> Tensor:
         return group_normalize(x, group_ids, present, eps=eps, norm_by_std=norm_by_std)
 
-    a_tool, a_sum = w_process * norm(s_tool, tool_mask.any(1)), w_summary * norm(s_sum, summary_mask.any(1))
-    tokens = torch.where(tool_mask, a_tool[:, None], 0) + torch.where(summary_mask, a_sum[:, None], 0)
+    has_tool = tool_mask.any(1)
+    a_tool, a_sum = w_process * norm(s_tool, has_tool), w_summary * norm(s_sum, summary_mask.any(1))
+    tokens = torch.where(tool_mask, a_tool[:, None], torch.where(summary_mask, a_sum[:, None], 0))
     metrics = {
         **token_metrics(tokens, response_mask),
         **token_metrics(tokens, tool_mask, "credit/tool/"),
         **token_metrics(tokens, summary_mask, "credit/summary/"),
         "credit/omission_frac": 0.0 if omitted is None else share(omitted),
-        "credit/tool_present_frac": share(tool_mask.any(1)),
+        "credit/tool_present_frac": share(has_tool),
         "credit/tool/zero_variance_group_frac": zero_group_frac(a_tool, group_ids),
         "credit/summary/zero_variance_group_frac": zero_group_frac(a_sum, group_ids),
     }
@@ -133,14 +138,27 @@ def toolpo_advantages(
     s_tool, _, _ = omission_guard(process_score, score_total, score_total, should_call_but_no_call)
     a_global = group_normalize(score_total, group_ids, eps=eps, norm_by_std=norm_by_std)
     a_tool = group_normalize(s_tool, group_ids, tool_mask.any(1), eps=eps, norm_by_std=norm_by_std)
-    on_tool = torch.where(tool_mask, lam * a_tool[:, None], 0)
-    tokens = torch.where(response_mask.bool(), a_global[:, None], 0) + on_tool
+    on_tool = (a_global + lam * a_tool)[:, None]
+    tokens = torch.where(tool_mask, on_tool, torch.where(response_mask.bool(), a_global[:, None], 0))
     metrics = {
         **token_metrics(tokens, response_mask),
         **token_metrics(tokens, tool_mask, "credit/tool/"),
         "credit/zero_variance_group_frac": zero_group_frac(a_global, group_ids),
     }
     return CreditOutput(tokens, {"rollout": a_global, "tool": a_tool}, metrics)
+
+
+HIERR_FIX = "use reward=hierr (it returns process, summary and should_call_but_no_call) on a tool task"
+
+
+def omission_checks(batch: RolloutBatch, keys: tuple[str, ...]) -> dict[str, Tensor]:
+    """The :func:`~lit_credit.credit.registry.check_batch` entries of the SLCA family: the reward parts
+    ``keys``, the total score (``reward_parts["score"]``, default ``batch.scores``) and the optional
+    ``should_call_but_no_call``."""
+    parts = batch.reward_parts
+    names = [*keys, "should_call_but_no_call"] + (["score"] if "score" in parts else [])
+    checks = {f"batch.reward_parts[{k!r}]": parts[k] for k in names if k in parts}
+    return checks if "score" in parts else {**checks, "batch.scores": batch.scores}
 
 
 @register("slca")
@@ -161,6 +179,8 @@ class SLCACredit(CreditEstimator):
 
     def __call__(self, batch: RolloutBatch) -> CreditOutput:
         parts = batch.reward_parts
+        require_parts(batch, ("process", "summary"), credit="slca", fix=HIERR_FIX)
+        check_batch(batch, omission_checks(batch, ("process", "summary")))
         return slca_advantages(
             parts["process"],
             parts["summary"],
@@ -188,6 +208,8 @@ class ToolPOCredit(CreditEstimator):
 
     def __call__(self, batch: RolloutBatch) -> CreditOutput:
         parts = batch.reward_parts
+        require_parts(batch, ("process",), credit="toolpo", fix=HIERR_FIX)
+        check_batch(batch, omission_checks(batch, ("process",)))
         return toolpo_advantages(
             parts["process"],
             parts.get("score", batch.scores),

@@ -13,12 +13,13 @@ import torch
 from torch import Tensor
 
 from lit_credit.credit.grpo import group_normalize, share, token_metrics, zero_group_frac
-from lit_credit.credit.registry import register
-from lit_credit.credit.slca import omission_guard, segment_masks
+from lit_credit.credit.registry import check_batch, register, require_parts
+from lit_credit.credit.slca import omission_checks, omission_guard, segment_masks
 from lit_credit.credit.tcpo import (
     Normalize,
     Preset,
     TCPOCredit,
+    alt_scores_check,
     tcpo_turn_advantages,
     turn_credit_metrics,
     turns_to_tokens,
@@ -91,7 +92,8 @@ def slca_tcpo_advantages(
         w_retro=w_retro, w_hind=w_hind, w_cf=w_cf, tau=tau, mu=mu, rho=rho, r0=r0, eps=eps,
     )
     on_turn = torch.where(turn_ids < a_turn.shape[1], turn_ids, -1)  # the summary turn may lie past K
-    tokens = torch.where(tool_mask, turns_to_tokens(a_turn, on_turn), 0) + torch.where(summary_mask, a_sum[:, None], 0)
+    on_tool = turns_to_tokens(a_turn, on_turn).masked_fill_(~tool_mask, 0)
+    tokens = torch.where(summary_mask, a_sum[:, None], on_tool)
     metrics = {
         **token_metrics(tokens, response_mask),
         **token_metrics(tokens, tool_mask, "credit/tool/"),
@@ -140,9 +142,12 @@ class SLCATCPOCredit(TCPOCredit):
 
     def __call__(self, batch: RolloutBatch) -> CreditOutput:
         parts = batch.reward_parts
-        if "tool_scores" not in parts or "tool_turn_mask" not in parts:
-            raise ValueError("credit=slca_tcpo needs per-turn tool scores (reward_parts tool_scores and "
-                             "tool_turn_mask): use reward=hierr on a tool task (task=toolcall_multistep)")
+        require_parts(batch, ("tool_scores", "tool_turn_mask", "summary"), credit="slca_tcpo",
+                      fix="per-turn tool scores come from reward=hierr on a tool task "
+                          "(task=toolcall_multistep)")
+        tool_scores = (parts["tool_scores"], parts["tool_turn_mask"])
+        check_batch(batch, {"batch.reward_parts['tool_scores']": tool_scores,
+                            **omission_checks(batch, ("summary",)), **alt_scores_check(parts)})
         return slca_tcpo_advantages(
             parts["tool_scores"],
             parts["tool_turn_mask"],

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from lit_credit.credit.grpo import group_normalize, group_stats, share, token_metrics
-from lit_credit.credit.registry import CreditEstimator, register
+from lit_credit.credit.registry import CreditEstimator, check_batch, register
 from lit_credit.types import CreditOutput, RolloutBatch
 
 Preset = Literal["trajectory", "turn", "diff", "retro", "retro_hindsight", "tcpo"]
@@ -209,8 +209,7 @@ def turns_to_tokens(turn_values: Tensor, turn_ids: Tensor) -> Tensor:
     Shape:
         turn_values: [B, K], turn_ids: [B, T] long in [-1, K). Output: [B, T].
     """
-    on = turn_ids >= 0
-    return torch.where(on, turn_values.gather(1, turn_ids.clamp_min(0)), 0)
+    return turn_values.gather(1, turn_ids.clamp_min(0)).masked_fill_(turn_ids < 0, 0)
 
 
 def turn_types(scores: Tensor, turn_mask: Tensor, *, tau: float = 1.0, r0: float = 0.0) -> Tensor:
@@ -247,13 +246,21 @@ def turn_credit_metrics(adv: Tensor, scores: Tensor, turn_mask: Tensor, tau: flo
     return metrics | {f"credit/turn/{k}/adv_mean": v for k, v in enumerate(by_index)}
 
 
+def alt_scores_check(parts: dict[str, Tensor]) -> dict[str, tuple[Tensor, Tensor]]:
+    """The :func:`~lit_credit.credit.registry.check_batch` entry of ``reward_parts["alt_scores"]`` (none when
+    absent): NaN marks an alternative not sampled, so only the sampled entries must be finite."""
+    alt = parts.get("alt_scores")
+    return {} if alt is None else {"batch.reward_parts['alt_scores']": (alt, ~alt.isnan())}
+
+
 @register("tcpo")
 class TCPOCredit(CreditEstimator):
     """:func:`tcpo_turn_advantages` of ``batch.turn_scores`` spread onto the tokens by ``batch.turn_ids``.
 
     Reads ``batch.turn_scores``, ``turn_mask``, ``turn_ids``, ``group_ids`` and the optional
     ``reward_parts["alt_scores"]`` ([B, K, M]) and ``reward_parts["cf_mask"]`` ([B, K]).
-    ``parts["turn"]`` holds A [B, K]. Metrics: ``credit/adv_*`` over tokens,
+    ``parts["turn"]`` holds A [B, K]; turn ids are read only on the response mask (tokens with
+    ``response_mask == 0`` get 0). Metrics: ``credit/adv_*`` over tokens,
     ``credit/turn_type/{flat,improve,maintain,regress}/{adv_mean,adv_std,adv_abs_max,frac}`` over reached
     turns (see :func:`turn_types`) and
     ``credit/turn/{k}/adv_mean`` by turn index.
@@ -298,6 +305,7 @@ class TCPOCredit(CreditEstimator):
                              "environment scores every turn (task=math_revise or task=code_revise)")
         parts = batch.reward_parts
         scores, mask = batch.turn_scores, batch.turn_mask.bool()
+        check_batch(batch, {"batch.turn_scores": (scores, mask), **alt_scores_check(parts)})
         adv = tcpo_turn_advantages(
             scores,
             mask,
@@ -306,6 +314,8 @@ class TCPOCredit(CreditEstimator):
             cf_mask=parts.get("cf_mask"),
             **vars(self),
         )
-        tokens = turns_to_tokens(adv, batch.turn_ids)
-        metrics = token_metrics(tokens, batch.turn_ids >= 0) | turn_credit_metrics(adv, scores, mask, self.tau, self.r0)
+        turn_ids = torch.where(batch.response_mask.bool(), batch.turn_ids, -1)
+        tokens = turns_to_tokens(adv, turn_ids)
+        metrics = token_metrics(tokens, turn_ids >= 0)
+        metrics |= turn_credit_metrics(adv, scores, mask, self.tau, self.r0)
         return CreditOutput(tokens, {"turn": adv}, metrics)

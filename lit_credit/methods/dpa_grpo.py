@@ -314,7 +314,7 @@ class DPAGRPOModule(GRPOModule):
         proposals = data.generate_experience(rows)
         game = self.play(proposals, data.sampling, self.revisions, self.explore_revise)
         logs = {**self.rollout_metrics(proposals, "train"), **self.game_metrics(game, "train"),
-                "perf/game_s": time.perf_counter() - start}
+                **data.backend_counts.take(), "perf/game_s": time.perf_counter() - start}
 
         self.credit_trace = []
         parts = {"verifier": [("verifier", game.verifier, True, self.verifier_weight)],

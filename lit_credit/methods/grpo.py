@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from lit_credit.analysis.records import credit_leakage
+from lit_credit.checkpoint import capture_rng, restore_rng
 from lit_credit.credit.registry import CreditEstimator
 from lit_credit.losses import PolicyLoss, masked_mean
 from lit_credit.models.logprobs import token_logprobs
@@ -45,7 +46,8 @@ class GRPOModule(L.LightningModule):
     def __init__(self, policy: PolicySource, credit: CreditEstimator, loss: PolicyLoss,
                  optimizer: OptimizerCallable = torch.optim.AdamW, lr_scheduler: LRSchedulerCallable | None = None,
                  ppo_epochs: int = 1, num_minibatches: int = 1, max_grad_norm: float = 1.0,
-                 dynamic_sampling: bool = False, max_logprob_gap: float | None = None) -> None:
+                 dynamic_sampling: bool = False, max_logprob_gap: float | None = None,
+                 logprob_token_budget: int | None = 16384) -> None:
         super().__init__()
         if ppo_epochs < 1 or num_minibatches < 1:
             raise ValueError(f"method.ppo_epochs={ppo_epochs}, method.num_minibatches={num_minibatches}: both >= 1")
@@ -55,7 +57,9 @@ class GRPOModule(L.LightningModule):
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.ppo_epochs, self.num_minibatches, self.max_grad_norm = ppo_epochs, num_minibatches, max_grad_norm
         self.dynamic_sampling, self.max_logprob_gap = dynamic_sampling, max_logprob_gap
+        self.logprob_token_budget = logprob_token_budget  # padding-free micro-batches (models.token_logprobs)
         self.credit_trace: list[CreditTrace] = []  # the last step's credited batches (callbacks.CreditRecords)
+        self._resume_rng: dict[str, Any] | None = None
         self.policy, self.tokenizer = policy.load()
         self.uses_reference = loss.kl_coef > 0
         self.reference = None  # a LoRA policy's reference is itself with adapters disabled
@@ -94,8 +98,20 @@ class GRPOModule(L.LightningModule):
     def rollouts(self):
         return self.trainer.datamodule
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["rng_states"] = capture_rng(self, self.trainer.datamodule)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._resume_rng = checkpoint.get("rng_states")
+
+    def on_train_start(self) -> None:
+        """Resuming: put back the checkpoint's random states once everything that might draw on setup ran."""
+        if self._resume_rng is not None:
+            restore_rng(self._resume_rng, self, self.trainer.datamodule)
+            self._resume_rng = None
+
     def _logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs(model, batch.input_ids, batch.attention_mask)
+        return token_logprobs(model, batch.input_ids, batch.attention_mask, self.logprob_token_budget)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
@@ -113,7 +129,8 @@ class GRPOModule(L.LightningModule):
         self.rollouts.bind(self.policy, self.tokenizer)
         batch = self.rollouts.generate_experience(rows).to(self.device)
         generation_s = self.rollouts.last_generation_s
-        logs = {**self.rollout_metrics(batch, "train"), "perf/generation_s": generation_s,
+        logs = {**self.rollout_metrics(batch, "train"), **self.rollouts.backend_counts.take(),
+                "perf/generation_s": generation_s,
                 "perf/rollout_tokens_per_s": batch.response_mask.sum().item() / max(generation_s, 1e-9)}
         if self.dynamic_sampling:
             keep = nonzero_variance_groups(batch)

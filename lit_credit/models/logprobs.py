@@ -1,4 +1,4 @@
-"""Per-token log-probs and entropies of a causal LM."""
+"""Per-token log-probs and entropies of a causal LM, with padding-free micro-batches."""
 from __future__ import annotations
 
 import torch
@@ -6,14 +6,49 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """``logp[b, t] = log pi(input_ids[b, t] | input_ids[b, :t])`` and the entropy of that distribution.
-
-    Shape: input_ids, attention_mask [B, T] -> logp [B, T], entropy [B, T]; position 0 (no context) is 0.
-    Computed in float32 whatever the model dtype.
-    """
+def _forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     logp_all = logits.log_softmax(-1)
     logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return F.pad(logp, (1, 0)), F.pad(entropy, (1, 0))
+
+
+def length_buckets(attention_mask: Tensor, token_budget: int) -> list[tuple[Tensor, int]]:
+    """Rows sorted by length (longest first) and cut into micro-batches of at most ``token_budget`` tokens.
+
+    A micro-batch starting at a row of length w holds up to ``max(1, token_budget // w)`` rows, each cut to
+    width w (right padding: a row's tokens are a prefix). Returns ``(row indices, width)`` pairs.
+    """
+    positions = torch.arange(1, attention_mask.shape[1] + 1, device=attention_mask.device)
+    lengths = (attention_mask.bool() * positions).amax(1).clamp(min=1)  # last real token + 1
+    lengths, order = lengths.sort(descending=True, stable=True)
+    lengths, buckets, start = lengths.tolist(), [], 0
+    while start < len(lengths):
+        width = lengths[start]
+        rows = max(1, token_budget // width)
+        buckets.append((order[start:start + rows], width))
+        start += rows
+    return buckets
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                   token_budget: int | None = None) -> tuple[Tensor, Tensor]:
+    """``logp[b, t] = log pi(input_ids[b, t] | input_ids[b, :t])`` and the entropy of that distribution.
+
+    Shape: input_ids, attention_mask [B, T] (right-padded) -> logp [B, T], entropy [B, T]; position 0 (no
+    context) and padding are 0. Computed in float32 whatever the model dtype. With ``token_budget`` the rows
+    run in :func:`length_buckets` micro-batches, each cut to its longest row, so long multi-turn rollouts
+    next to short ones do not pay for padding; the results equal the padded pass up to float rounding.
+    """
+    if token_budget is None:
+        return _forward(model, input_ids, attention_mask)
+    width = input_ids.shape[1]
+    parts, rows = [], []
+    for index, w in length_buckets(attention_mask, token_budget):
+        logp, entropy = _forward(model, input_ids[index, :w], attention_mask[index, :w])
+        parts.append(torch.stack([F.pad(logp, (0, width - w)), F.pad(entropy, (0, width - w))]))
+        rows.append(index)
+    inverse = torch.cat(rows).argsort()
+    out = torch.cat(parts, dim=1)[:, inverse] * attention_mask.to(parts[0].dtype)
+    return out[0], out[1]

@@ -9,9 +9,13 @@ _INT = re.compile(r"-?\d+")
 
 
 def parse_final_integer(text: str) -> int | None:
-    """The last integer in ``text`` (sign included), or None when there is none."""
+    """The last integer in ``text`` (sign included), or None when there is none, or when it is too long for
+    ``int`` (over Python's 4300-digit conversion limit: a degenerate reply scores 0, it does not crash)."""
     found = _INT.findall(text)
-    return int(found[-1]) if found else None
+    try:
+        return int(found[-1]) if found else None
+    except ValueError:
+        return None
 
 
 class ExactMatchReward:

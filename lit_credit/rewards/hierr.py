@@ -7,6 +7,7 @@ Nothing here raises on model output: malformed text scores 0 on the affected com
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -20,18 +21,34 @@ DEFAULT_WEIGHTS: dict[str, float] = {
     "format": 0.10, "name": 0.25, "key": 0.15, "value": 0.20, "parallel": 0.30}
 COMPONENTS = tuple(DEFAULT_WEIGHTS)
 
-_THINK = re.compile(r"<think>.*?</think>", re.S)
 # Innermost blocks: the body may not contain another open tag, so "<tool_call>a<tool_call>b</tool_call>"
 # is one block "b" (and 2 open tags, 1 close tag).
 _BLOCK = re.compile(r"<tool_call>((?:(?!<tool_call>).)*?)</tool_call>", re.S)
-_RESPONSE = re.compile(r"<tool_response>(.*?)</tool_response>", re.S)
+
+
+def _spans(text: str, open_tag: str, close_tag: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of every non-overlapping ``open_tag ... close_tag`` (shortest match, left to right),
+    what ``re.finditer(open.*?close, re.S)`` finds, but with ``str.find``: linear, where the regex rescans
+    to the end from every unclosed open tag (quadratic on a reply of many ``<think>`` tags)."""
+    spans, i = [], 0
+    while (start := text.find(open_tag, i)) >= 0:
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:
+            break
+        spans.append((start, end + len(close_tag)))
+        i = end + len(close_tag)
+    return spans
 
 
 def strip_think(text: str) -> str:
     """Remove reasoning: every ``<think>...</think>``; then, if a ``</think>`` is left (the template opened
     the block in the prompt), everything up to it; then, if a ``<think>`` is left (truncated), everything
-    from it on."""
-    text = _THINK.sub("", text)
+    from it on. Linear in ``len(text)``."""
+    kept, i = [], 0
+    for start, end in _spans(text, "<think>", "</think>"):
+        kept.append(text[i:start])
+        i = end
+    text = "".join([*kept, text[i:]])
     if "</think>" in text:
         text = text.rsplit("</think>", 1)[1]
     return text.split("<think>", 1)[0]
@@ -125,7 +142,7 @@ def parse_tool_calls(text: str, allowed_tools: Any = None) -> ParsedCalls:
 
 
 # ------------------------------------------------------------------------------------------------ gold
-def _as_list(x: Any) -> list:
+def _as_list(x: Any, what: str) -> list:
     if x is None:
         return []
     if isinstance(x, (list, tuple)):
@@ -133,7 +150,8 @@ def _as_list(x: Any) -> list:
     if hasattr(x, "tolist") and not isinstance(x, (str, bytes, dict)):  # numpy arrays from parquet/pandas
         out = x.tolist()
         return out if isinstance(out, list) else [out]
-    raise ValueError(f"expected a list, got {type(x).__name__}: {x!r:.80}")
+    raise ValueError(f"{what} must be a list, got {type(x).__name__}: {x!r:.80}; fix: gold_tool_calls is a "
+                     "list of steps, each a list of {\"name\", \"arguments\"} dicts")
 
 
 def _gold_call(c: Any) -> dict[str, Any]:
@@ -149,7 +167,11 @@ def _gold_call(c: Any) -> dict[str, Any]:
     if not isinstance(name, str):
         raise ValueError(f"gold call without a string name: {c!r:.80}")
     if isinstance(args, str):  # HF datasets store heterogeneous arguments as JSON strings
-        args = json.loads(args) if args.strip() else None
+        try:
+            args = json.loads(args) if args.strip() else None
+        except (ValueError, RecursionError) as err:
+            raise ValueError(f"gold arguments of {name!r} are a string but not JSON ({err}): "
+                             f"{args!r:.80}") from None
     if args is None:
         args = {}
     if not isinstance(args, Mapping):
@@ -165,16 +187,21 @@ def normalize_gold_calls(gold: Any) -> list[list[dict[str, Any]]]:
     no parallelism, so they are read as sequential single-call steps). Names become ``{"name": "f",
     "arguments": {}}``; arguments given as a JSON string are parsed, ``parameters`` is renamed, and an
     OpenAI ``{"function": {...}}`` wrapper is unwrapped. None, ``[]`` -> ``[]``; a JSON string of the whole
-    is parsed first. Gold is data, not model output: an uninterpretable gold raises ``ValueError``.
+    is parsed first. Gold is data, not model output: an uninterpretable gold raises ``ValueError`` naming
+    ``gold_tool_calls`` (or the gold call) and the expected form.
     """
     if isinstance(gold, str):
-        gold = json.loads(gold)
+        try:
+            gold = json.loads(gold)
+        except (ValueError, RecursionError) as err:
+            raise ValueError(f"gold_tool_calls is a string but not JSON ({err}): {gold!r:.80}; fix: store "
+                             "the nested list of steps (or its JSON)") from None
     steps = []
-    for step in _as_list(gold):
+    for i, step in enumerate(_as_list(gold, "gold_tool_calls")):
         if isinstance(step, (str, Mapping)):
             steps.append([_gold_call(step)])
         else:
-            steps.append([_gold_call(c) for c in _as_list(step)])
+            steps.append([_gold_call(c) for c in _as_list(step, f"gold_tool_calls[{i}]")])
     return steps
 
 
@@ -281,10 +308,16 @@ def key_value_scores(pred: Sequence[dict], gold: Sequence[dict]) -> tuple[float,
 
 
 def _weights(weights: Mapping[str, float] | None) -> dict[str, float]:
+    """DEFAULT_WEIGHTS updated with ``weights``; unknown names and non-finite values (a NaN weight would make
+    every process score NaN) raise ``ValueError``."""
     extra = set(weights or {}) - set(COMPONENTS)
     if extra:
         raise ValueError(f"unknown HierR weight(s) {sorted(extra)}; valid: {list(COMPONENTS)}")
-    return {**DEFAULT_WEIGHTS, **{k: float(v) for k, v in (weights or {}).items()}}
+    out = {**DEFAULT_WEIGHTS, **{k: float(v) for k, v in (weights or {}).items()}}
+    bad = {k: v for k, v in out.items() if not math.isfinite(v)}
+    if bad:
+        raise ValueError(f"HierR weight(s) {bad} are not finite; fix: give each weight a finite float")
+    return out
 
 
 def tool_process_score(text: str, gold_calls: Any, allowed_tools: Any,
@@ -358,7 +391,9 @@ def final_reply(text: str) -> str:
 
 def extract_tool_responses(text: str) -> list[str]:
     """The bodies of every ``<tool_response>...</tool_response>`` in ``text``, trimmed, in order."""
-    return [r.strip() for r in _RESPONSE.findall(text if isinstance(text, str) else "")]
+    text = text if isinstance(text, str) else ""
+    spans = _spans(text, "<tool_response>", "</tool_response>")
+    return [text[s + len("<tool_response>"):e - len("</tool_response>")].strip() for s, e in spans]
 
 
 def _field(row: Mapping[str, Any], *keys: str) -> Any:
@@ -406,6 +441,9 @@ class HierRReward:
     batch pads them into [B, K]): ``tool_scores`` (each turn's process score against its gold step,
     :func:`tool_turn_scores`), ``tool_turn_mask`` (1 per tool turn) and ``tool_exact``; plus ``gold_steps``,
     the number of gold steps. :meth:`turn_score` scores one alternative turn the same way.
+
+    ``replies`` given as one str (not a list) is a caller error, a ``ValueError``; it would otherwise be read
+    as one reply per character.
     """
 
     def __init__(self, w_process: float = 1.0, w_summary: float = 1.0, judge: SummaryJudge | None = None,
@@ -417,6 +455,9 @@ class HierRReward:
     def __call__(self, row: dict[str, Any], replies: list[str],
                  tool_responses: Sequence[str] | None = None,
                  turn_scores: Sequence[float | None] | None = None) -> dict[str, float]:
+        if isinstance(replies, str):
+            raise ValueError("replies must be a list of reply strings, one per assistant turn, got one str; "
+                             "fix: pass [text]")
         replies = [strip_think(r) if isinstance(r, str) else "" for r in replies or []]
         text = "\n".join(replies)
         gold = normalize_gold_calls(_field(row, "gold_tool_calls"))

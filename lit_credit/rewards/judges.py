@@ -19,9 +19,10 @@ import json
 import math
 import random
 import re
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from lit_credit.backends import BackendFailure, Retry
 
 MIN_REPLY_CHARS = 10
 
@@ -261,30 +262,29 @@ def build_judge_prompt(question: str, tool_responses: Sequence[str], reply: str,
 class LLMJudge(SummaryJudge):
     """A frozen LLM as judge: ``generate_fn(prompt) -> text`` (wrap an HF model, a vLLM engine, an API).
 
-    One rating = up to ``1 + max_retries`` calls; a call that raises or whose text has no parsable rating
-    (:func:`parse_rating`) is retried, retry r (1-based) after sleeping ``backoff * 2**(r-1)`` seconds
-    (``backoff=0``: no sleep). When every call fails the rating is a failure: score 0, ``failed=True``,
-    ``self.failures += 1``. ``self.calls`` counts generate_fn calls. The judge's sampling settings
-    (greedy decoding is advisable) belong to ``generate_fn``.
+    One rating = up to ``1 + max_retries`` calls through :class:`~lit_credit.backends.Retry` (name ``judge``):
+    a call that raises, runs past ``timeout`` seconds or whose text has no parsable rating
+    (:func:`parse_rating`) is retried, retry r (1-based) after sleeping ``backoff * 2**(r-1)`` seconds. When
+    every call fails the rating is a failure: score 0, ``failed=True``, ``self.failures += 1`` (and
+    ``backend/judge/failures`` in the run's metrics). ``self.calls`` counts generate_fn calls. The judge's
+    sampling settings (greedy decoding is advisable) belong to ``generate_fn``.
     """
 
     def __init__(self, generate_fn: Callable[[str], str], max_retries: int = 2, backoff: float = 0.5,
-                 max_response_chars: int = 4000, noise: float = 0.0, seed: int = 0):
+                 timeout: float | None = None, max_response_chars: int = 4000, noise: float = 0.0, seed: int = 0):
         super().__init__(noise=noise, seed=seed)
-        self.generate_fn, self.max_retries, self.backoff = generate_fn, max_retries, backoff
+        self.generate_fn, self.retry = generate_fn, Retry("judge", max_retries, backoff, timeout)
         self.max_response_chars = max_response_chars
         self.calls = 0
 
     def rate(self, question: str, tool_responses: list[str], reply: str) -> int | None:
         prompt = build_judge_prompt(question, tool_responses, reply, self.max_response_chars)
-        for attempt in range(1 + self.max_retries):
-            if attempt and self.backoff > 0:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+
+        def ask() -> int | None:
             self.calls += 1
-            try:
-                rating = parse_rating(self.generate_fn(prompt))
-            except Exception:  # a flaky backend is retried, then counted as a failure
-                rating = None
-            if rating is not None:
-                return rating
-        return None
+            return parse_rating(self.generate_fn(prompt))
+
+        try:
+            return self.retry(ask, accept=lambda rating: rating is not None)
+        except BackendFailure:
+            return None

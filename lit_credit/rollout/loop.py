@@ -10,9 +10,10 @@ from typing import Any
 
 import torch
 
+from lit_credit.backends import BackendFailure, Retry, count
 from lit_credit.rollout.chat import ChatCodec
 from lit_credit.rollout.engine import RolloutEngine
-from lit_credit.tasks.base import Environment
+from lit_credit.tasks.base import Environment, Feedback
 from lit_credit.types import Completion, RolloutBatch, SamplingParams
 
 
@@ -57,22 +58,48 @@ def tool_schemas(row: dict[str, Any]) -> list[dict] | None:
     return json.loads(tools) if isinstance(tools, str) else tools
 
 
+FAILED = Completion([], [], "", "error")
+
+
+def generate(engine: RolloutEngine, prompts: list[list[int]], sampling: SamplingParams,
+             retry: Retry | None = None) -> list[list[Completion]]:
+    """``engine.generate`` through ``retry``; when every attempt fails each prompt gets ``sampling.n`` empty
+    completions with finish reason ``"error"`` (no tokens to learn from, a zero score from the reward)."""
+    if retry is None:
+        return engine.generate(prompts, sampling)
+    try:
+        return retry(engine.generate, prompts, sampling)
+    except BackendFailure:
+        return [[FAILED] * sampling.n for _ in prompts]
+
+
+def env_step(env: Environment, row: dict[str, Any], turn: int, text: str) -> Feedback:
+    """``env.step``; one that raises ends the episode (no turn score) and counts ``backend/environment/errors``."""
+    try:
+        return env.step(row, turn, text)
+    except Exception:  # an environment bug on odd input must not end the run
+        count("backend/environment/errors")
+        return Feedback(done=True)
+
+
 def run_episodes(engine: RolloutEngine, codec: ChatCodec, env: Environment, rows: list[dict[str, Any]],
-                 group_ids: list[int], sampling: SamplingParams, max_turns: int = 1) -> list[Episode]:
-    """``sampling.n`` episodes per row (grouped by ``group_ids``), each up to ``max_turns`` assistant turns."""
+                 group_ids: list[int], sampling: SamplingParams, max_turns: int = 1,
+                 retry: Retry | None = None) -> list[Episode]:
+    """``sampling.n`` episodes per row (grouped by ``group_ids``), each up to ``max_turns`` assistant turns;
+    engine calls go through ``retry`` (:func:`generate`)."""
     prompts = [codec.prompt_ids(r["prompt"], tool_schemas(r)) for r in rows]
     episodes = [Episode(row=r, group=g, token_ids=list(p))
                 for r, g, p in zip(rows, group_ids, prompts) for _ in range(sampling.n)]
-    completions = [c for per_prompt in engine.generate(prompts, sampling) for c in per_prompt]
+    completions = [c for per_prompt in generate(engine, prompts, sampling, retry) for c in per_prompt]
     active = list(range(len(episodes)))
     for turn in range(max_turns):
         still = []
         for i, completion in zip(active, completions):
             ep = episodes[i]
             ep.add_reply(completion, turn)
-            fb = env.step(ep.row, turn, completion.text)
+            fb = env_step(env, ep.row, turn, completion.text)
             ep.turn_scores.append(fb.score)
-            if fb.done or turn == max_turns - 1:
+            if fb.done or turn == max_turns - 1 or completion.finish_reason == "error":
                 continue
             ep.tool_responses += fb.info.get("tool_responses", [])
             closed = bool(completion.token_ids) and completion.token_ids[-1] == codec.eos_id
@@ -81,15 +108,17 @@ def run_episodes(engine: RolloutEngine, codec: ChatCodec, env: Environment, rows
         active = still
         if not active:
             break
-        follow = engine.generate([episodes[i].token_ids for i in active], replace(sampling, n=1))
+        follow = generate(engine, [episodes[i].token_ids for i in active], replace(sampling, n=1), retry)
         completions = [per_prompt[0] for per_prompt in follow]
     return episodes
 
 
-def _stack_part(values: list[float | list[float]], num_turns: int) -> torch.Tensor:
-    """Floats -> [B]; per-turn lists -> [B, K] right-padded with 0 (K: the batch's turns, or the longest list)."""
-    if not isinstance(values[0], (list, tuple)):
-        return torch.tensor([float(v) for v in values])
+def _stack_part(values: list[float | list[float] | None], num_turns: int) -> torch.Tensor:
+    """Floats -> [B]; per-turn lists -> [B, K] right-padded with 0 (K: the batch's turns, or the longest list).
+    A missing value (None: that episode's reward failed) is 0, or an empty list."""
+    if not any(isinstance(v, (list, tuple)) for v in values):
+        return torch.tensor([float(v or 0.0) for v in values])
+    values = [v or [] for v in values]
     width = max(num_turns, *(len(v) for v in values))
     return torch.tensor([[float(x) for x in v] + [0.0] * (width - len(v)) for v in values])
 
@@ -111,7 +140,8 @@ def to_batch(episodes: list[Episode], rewards: list[dict[str, float]], pad_id: i
     if any(s is not None for e in episodes for s in e.turn_scores):
         turn_scores = torch.tensor([[float(e.turn_scores[k] or 0.0) if k < len(e.turn_scores) else 0.0
                                      for k in range(num_turns)] for e in episodes])
-    parts = {k: _stack_part([r[k] for r in rewards], num_turns) for k in rewards[0] if k != "score"}
+    keys = dict.fromkeys(k for r in rewards for k in r if k != "score")
+    parts = {k: _stack_part([r.get(k) for r in rewards], num_turns) for k in keys}
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

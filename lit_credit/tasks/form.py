@@ -123,15 +123,19 @@ def role_prompt(row: dict[str, Any], role: str, x: str | None = None, challenge:
 
 
 def parse_value(text: str) -> float | None:
-    """A proposed or revised amount: the reply's first line as dollars (``$1,234`` allowed), else None."""
+    """A proposed or revised amount: the reply's first line as dollars (``$1,234`` allowed), else None (also
+    for a non-string reply)."""
+    if not isinstance(text, str):
+        return None
     first = text.strip().splitlines()[0] if text.strip() else ""
     return parse_dollars(first)
 
 
 def _json_line(text: str) -> dict | None:
+    """The JSON object on ``text``, else None (not JSON, not an object, or nested too deeply to decode)."""
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, ValueError):
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 
@@ -139,8 +143,9 @@ def _json_line(text: str) -> dict | None:
 def parse_decision(text: str, choices: tuple[str, ...]) -> tuple[str | None, dict[str, str]]:
     """``(decision, challenge)`` from a verifier or approver reply; decision None when the first line is not a
     JSON object whose ``decision`` is one of ``choices``. The challenge (verifier SAC) is the second line's
-    ``claim``/``argument``/``evidence`` strings ({} when absent or malformed)."""
-    lines = text.strip().splitlines()
+    ``claim``/``argument``/``evidence`` strings ({} when absent or malformed). Never raises on the reply
+    (a non-string reads as an empty one)."""
+    lines = text.strip().splitlines() if isinstance(text, str) else []
     head = _json_line(lines[0]) if lines else None
     decision = str(head.get("decision", "")).upper() if head else None
     if decision not in choices:

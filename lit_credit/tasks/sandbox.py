@@ -3,13 +3,19 @@
 :func:`run_sandboxed` starts one fresh ``python -I`` per call, in a temporary directory that is deleted
 afterwards, with resource limits (address space, CPU time, processes, file size, open files, no core dumps),
 a minimal environment (``PATH`` only), stdin from ``/dev/null`` and its own session, so that on a timeout the
-whole process group (grandchildren included) is killed. The child replaces the socket constructors with ones
-that raise ``OSError`` before it runs any candidate code.
+whole process group (grandchildren included) is killed. Before it runs any candidate code, the child installs
+an audit hook (:pep:`578`, which Python code cannot remove) that raises ``PermissionError`` on sockets and DNS
+look-ups, on starting processes (``os.fork``, ``subprocess``, ``multiprocessing``, ``os.exec*``, ...: the one
+guard against fork bombs that also holds for root, whom RLIMIT_NPROC does not bind) and on file-system writes
+outside the temporary directory.
 
 This is a best-effort guard against accidents and reward hacking by a small policy, NOT a security boundary:
-there is no kernel-level isolation (no namespaces, seccomp or cgroups). Code in the child can read and write
-anything the user can outside its working directory, can undo the in-process socket guard (``ctypes``,
-reloading modules), and can leave the process group with ``setsid()``. Run truly hostile code in a container.
+there is no kernel-level isolation (no namespaces, seccomp or cgroups). The hook sees only what Python audits:
+``ctypes`` (or any C extension) calls libc directly and sidesteps it; ``os.mkfifo``, ``os.mknod`` and signals
+to other processes are not audited; reads are never refused, and a descriptor opened outside the directory
+(for reading) can still serve as ``dir_fd`` of ``os.open`` or with ``os.fchmod``; monkeypatching the modules
+the hook relies on (``posixpath``, ``os``) can fool its path checks; and a process started past the hook can
+leave the process group with ``setsid()``. Run truly hostile code in a container.
 """
 from __future__ import annotations
 
@@ -86,32 +92,61 @@ def _check(source: str, tests: list) -> dict:
     return {"passed": passed, "failures": failures, "error": error}
 
 
-def _block_network() -> None:
-    """Best-effort, in-process only: socket constructors, connects and DNS look-ups raise ``OSError``."""
-    import _socket
-    import socket
+def _install_guard(allow_processes: bool) -> None:
+    """Install an audit hook (PEP 578; the candidate cannot remove it) that raises ``PermissionError`` on sockets
+    and DNS look-ups, on process creation unless ``allow_processes``, and on file-system writes whose path
+    resolves (symlinks and ``dir_fd`` included) outside the current directory. Best-effort, in-process only."""
+    import os
+    import sys
 
-    def refuse(*args, **kwargs):
-        raise OSError("network access is disabled in the sandbox")
+    realpath, fsdecode, join = os.path.realpath, os.fsdecode, os.path.join  # bound before any monkeypatching
+    root = realpath(os.getcwd())
+    refused = {"socket.__new__", "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr",
+               "socket.getnameinfo"}
+    if not allow_processes:
+        refused |= {"os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system", "os.startfile",
+                    "subprocess.Popen", "_posixsubprocess"}  # as an "import": its fork_exec is replaced below
+    # write events -> (index of a path argument, index of its dir_fd argument or None) for each path they touch
+    writes = {"open": ((0, None),), "os.truncate": ((0, None),), "os.remove": ((0, 1),), "os.rmdir": ((0, 1),),
+              "os.mkdir": ((0, 2),), "os.rename": ((0, 2), (1, 3)), "os.link": ((0, 2), (1, 3)),
+              "os.symlink": ((1, 2),), "os.chmod": ((0, 2),), "os.chown": ((0, 3),), "os.utime": ((0, 3),),
+              "os.setxattr": ((0, None),), "os.removexattr": ((0, None),), "shutil.rmtree": ((0, 1),)}
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
-    class NoSocket(socket.socket):
-        __init__ = refuse
+    def refuse(what: str) -> None:
+        raise PermissionError(f"the sandbox refuses {what}")
 
-    class NoRawSocket(_socket.socket):
-        __init__ = refuse
+    def inside(path, dir_fd) -> bool:
+        if isinstance(path, int):  # an already open descriptor
+            return True
+        path = fsdecode(path)
+        if isinstance(dir_fd, int) and dir_fd >= 0:
+            path = join(f"/proc/self/fd/{dir_fd}", path)  # ignored when path is absolute
+        real = realpath(path)
+        return real in (root, "/dev/null") or real.startswith(root + "/")
 
-    socket.socket = socket.SocketType = NoSocket
-    _socket.socket = _socket.SocketType = NoRawSocket
-    for module in (socket, _socket):
-        for name in ("create_connection", "create_server", "fromfd", "socketpair", "getaddrinfo",
-                     "gethostbyname", "gethostbyname_ex", "gethostbyaddr"):
-            if hasattr(module, name):
-                setattr(module, name, refuse)
+    def hook(event: str, args: tuple) -> None:
+        if event in refused or (event == "import" and args[0] in refused):
+            refuse(event if event != "import" else f"importing {args[0]}")
+        rule = writes.get(event)
+        if rule and (event != "open" or args[2] & write_flags):
+            for at, dir_at in rule:
+                if not inside(args[at], None if dir_at is None else args[dir_at]):
+                    refuse(f"{event} outside its directory: {args[at]!r}")
+
+    if not allow_processes:  # multiprocessing's spawn and forkserver start methods call it without an audit event
+        import _posixsubprocess
+
+        def fork_exec(*args):
+            refuse("_posixsubprocess.fork_exec")
+
+        _posixsubprocess.fork_exec = fork_exec
+    sys.addaudithook(hook)
 
 
 def _child_main() -> None:
-    """Read and delete the payload, point fds 1 and 2 at /dev/null (the candidate's prints go nowhere), guard
-    the network, run :func:`_check`, and write ``<nonce> <json>`` on a private duplicate of the original stdout."""
+    """Read and delete the payload, point fds 1 and 2 at /dev/null (the candidate's prints go nowhere), install
+    the guard, run :func:`_check`, and write ``<nonce> <json>`` on a private duplicate of the original stdout."""
     import json
     import os
     import signal
@@ -128,14 +163,14 @@ def _child_main() -> None:
     os.dup2(null, 2)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # oversized writes fail with OSError instead of killing us
     write, dumps, exit_now = os.write, json.dumps, os._exit  # bound before the candidate can monkeypatch them
-    _block_network()
+    _install_guard(payload["allow_processes"])
     outcome = _check(payload["source"], payload["tests"])
     write(out, (nonce + " " + dumps(outcome) + "\n").encode())
     exit_now(0)  # skip atexit handlers and lingering threads of the candidate
 
 
 _RUNNER = "from __future__ import annotations\n" + "\n\n".join(
-    inspect.getsource(f) for f in (_check, _block_network, _child_main)) + "\n\n_child_main()\n"
+    inspect.getsource(f) for f in (_check, _install_guard, _child_main)) + "\n\n_child_main()\n"
 
 
 # --------------------------------------------------------------------------------------------- parent side
@@ -187,7 +222,7 @@ def _outcome(raw: bytes, nonce: str, total: int) -> SandboxResult | None:
 
 
 def run_sandboxed(source: str, tests: Sequence[str], *, timeout_s: float = 2.0, memory_mb: int = 256,
-                  max_processes: int = 32) -> SandboxResult:
+                  max_processes: int = 32, allow_processes: bool = False) -> SandboxResult:
     """Run ``source`` and then each test (one Python statement, typically ``assert f(2) == 5``) in one fresh,
     resource-limited ``python -I`` subprocess; count the tests that pass.
 
@@ -197,6 +232,12 @@ def run_sandboxed(source: str, tests: Sequence[str], *, timeout_s: float = 2.0, 
     RLIMIT_FSIZE :data:`FILE_LIMIT_MB` MiB, 64 open files, no core dumps. The working directory is a fresh
     temporary directory, removed afterwards; the environment holds only ``PATH``. Process-group members left
     behind by a run that exits normally are killed too.
+
+    Refused in the child, with ``PermissionError("the sandbox refuses <what>")`` (so a refusal in the source
+    gives ``error="exception: PermissionError: the sandbox refuses <what>"``, one in a test a failure of type
+    ``PermissionError``): sockets and DNS look-ups; starting processes unless ``allow_processes`` (then only
+    RLIMIT_NPROC caps them); opening for writing, creating, removing, renaming, linking, truncating or changing
+    the metadata of a path that resolves outside the working directory (``/dev/null`` excepted).
 
     Whatever the candidate prints is discarded; the child reports on a duplicated stdout, tagged with a random
     nonce, and only the last tagged line counts, so printed fake results do not change the count.
@@ -217,7 +258,7 @@ def run_sandboxed(source: str, tests: Sequence[str], *, timeout_s: float = 2.0, 
     with tempfile.TemporaryDirectory(prefix="lit-credit-sandbox-") as work, tempfile.TemporaryFile() as out:
         payload = os.path.join(work, ".payload.json")
         with open(payload, "w", encoding="utf-8") as f:
-            json.dump({"nonce": nonce, "source": source, "tests": tests}, f)
+            json.dump({"nonce": nonce, "source": source, "tests": tests, "allow_processes": allow_processes}, f)
         proc = subprocess.Popen([sys.executable, "-I", "-c", _RUNNER, payload], cwd=work,
                                 env={"PATH": os.environ.get("PATH", os.defpath)}, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.DEVNULL, start_new_session=True,

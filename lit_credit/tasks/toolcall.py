@@ -26,6 +26,7 @@ from typing import Any
 
 import datasets
 
+from lit_credit.backends import BackendFailure, Retry
 from lit_credit.models.tokenizer import TOOLS_INSTRUCTION, tool_signature
 from lit_credit.rewards.hierr import CLOSE, OPEN, ToolCallBlock, normalize_gold_calls, parse_tool_calls
 from lit_credit.tasks.base import Environment, Feedback, Task
@@ -221,30 +222,32 @@ class LLMToolSimulator(ToolBackend):
     """A frozen model as the tool backend: ``generate_fn(prompt) -> text`` (an HF model, a vLLM engine, ...).
 
     Invalid calls are answered by :class:`ToolBackend` without asking the model. Otherwise the prompt
-    (:data:`SIMULATOR_PROMPT`, the schema and the call as JSON) is sent up to ``1 + max_retries`` times until
-    the text holds a JSON object or array (:func:`extract_json`), returned compact; when every try raises
-    or has no JSON the answer is ``{"error": "tool simulator failed"}`` and ``failures`` is incremented.
+    (:data:`SIMULATOR_PROMPT`, the schema and the call as JSON) is sent through
+    :class:`~lit_credit.backends.Retry` (name ``simulator``: up to ``1 + max_retries`` calls, exponential
+    ``backoff``, a per-call ``timeout``) until the text holds a JSON object or array (:func:`extract_json`),
+    returned compact; when every try raises, times out or has no JSON the answer is
+    ``{"error": "tool simulator failed"}`` and ``failures`` is incremented (``backend/simulator/failures``).
     ``calls`` counts generate_fn calls. Decoding settings belong to ``generate_fn`` (greedy is advisable).
     """
 
     def __init__(self, generate_fn: Callable[[str], str], catalog: Mapping[str, Mapping[str, Any]] | None = None,
-                 max_retries: int = 1) -> None:
+                 max_retries: int = 1, backoff: float = 0.5, timeout: float | None = None) -> None:
         super().__init__(catalog)
-        self.generate_fn, self.max_retries = generate_fn, max_retries
+        self.generate_fn, self.retry = generate_fn, Retry("simulator", max_retries, backoff, timeout)
         self.calls = self.failures = 0
 
     def answer(self, name: str, arguments: dict[str, Any], schema: Mapping[str, Any]) -> str:
         prompt = SIMULATOR_PROMPT.format(schema=dumps(schema), call=dumps({"name": name, "arguments": arguments}))
-        for _ in range(1 + self.max_retries):
+
+        def ask() -> Any:
             self.calls += 1
-            try:
-                obj = extract_json(self.generate_fn(prompt))
-            except Exception:  # a flaky backend is retried, then answered with an error
-                obj = None
-            if isinstance(obj, (dict, list)):
-                return dumps(obj)
-        self.failures += 1
-        return error_json("tool simulator failed")
+            return extract_json(self.generate_fn(prompt))
+
+        try:
+            return dumps(self.retry(ask, accept=lambda obj: isinstance(obj, (dict, list))))
+        except BackendFailure:
+            self.failures += 1
+            return error_json("tool simulator failed")
 
 
 # ------------------------------------------------------------------------------------------------ environment

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lit_credit.rewards import judges
+from lit_credit import backends
 from lit_credit.rewards.judges import (
     JudgeResult,
     LLMJudge,
@@ -210,7 +210,7 @@ def test_llm_judge_retries(first):
 
 def test_llm_judge_failure_is_counted(monkeypatch):
     slept = []
-    monkeypatch.setattr(judges.time, "sleep", slept.append)
+    monkeypatch.setattr(backends, "sleep", slept.append)
     judge = LLMJudge(Fake("garbage"), max_retries=2, backoff=0.5)
     result = judge(Q, ["r"], GOOD)
     assert (result.score, result.rating, result.failed) == (0.0, None, True)

@@ -165,7 +165,7 @@ def test_llm_simulator_extracts_json_and_falls_back_to_an_error():
         raise RuntimeError("backend down")
 
     for fn in (broken, lambda p: "no json here"):
-        sim = LLMToolSimulator(fn, max_retries=2)
+        sim = LLMToolSimulator(fn, max_retries=2, backoff=0)
         assert error_of(sim.respond(WEATHER)) == "tool simulator failed" and sim.calls == 3 and sim.failures == 1
 
 

@@ -1,0 +1,66 @@
+"""Checks of a composed run config that no single constructor can make: one-line errors naming key and fix.
+
+Unknown group options (``method=``, ``credit=``, ``task=``, ``rollout=``, ...) are Hydra's to refuse; it lists
+the valid ones. What is checked here: the group size, the split of a step's rollouts into minibatches,
+sampling limits, and limits that cannot hold together (a completion longer than the engine's context, validation
+without validation prompts).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+
+class ConfigError(ValueError):
+    """A run config that cannot work: ``<key>=<value>: <problem>; fix: <what to set>``."""
+
+
+def _require(ok: bool, key: str, value: Any, problem: str, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value}: {problem}; fix: {fix}")
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` on the first setting that cannot work (see the module docstring)."""
+    data, method, trainer = cfg.data, cfg.method, cfg.trainer
+    sampling = data.sampling
+    n, prompts = sampling.n, data.prompts_per_step
+    _require(n >= 2, "data.sampling.n", n, "GRPO normalises within a group of rollouts per prompt, so it needs "
+             "at least 2", "set data.sampling.n=2 or more (8 is usual)")
+    _require(prompts >= 1, "data.prompts_per_step", prompts, "a step needs at least one prompt",
+             "set data.prompts_per_step=1 or more")
+    epochs, minibatches = method.get("ppo_epochs", 1), method.get("num_minibatches", 1)
+    _require(epochs >= 1, "method.ppo_epochs", epochs, "must be >= 1", "set method.ppo_epochs=1")
+    rollouts = prompts * n
+    divisors = [d for d in range(1, rollouts + 1) if rollouts % d == 0]
+    _require(minibatches >= 1 and rollouts % minibatches == 0, "method.num_minibatches", minibatches,
+             f"does not split the {rollouts} rollouts of a step (data.prompts_per_step={prompts} x "
+             f"data.sampling.n={n}) into equal minibatches",
+             f"use a divisor of {rollouts}, e.g. {max(d for d in divisors if d <= max(minibatches, 1))}")
+    tokens = sampling.max_new_tokens
+    _require(tokens >= 1, "data.sampling.max_new_tokens", tokens, "must be >= 1", "set it to the longest reply")
+    if not sampling.get("greedy", False):
+        _require(sampling.temperature > 0, "data.sampling.temperature", sampling.temperature,
+                 "must be > 0 when sampling", "set a positive temperature, or data.sampling.greedy=true")
+    _require(0 < sampling.top_p <= 1, "data.sampling.top_p", sampling.top_p, "must be in (0, 1]",
+             "set data.sampling.top_p=1.0 (no nucleus cut)")
+    turns = data.get("max_turns")
+    _require(turns is None or turns >= 1, "data.max_turns", turns, "must be >= 1 or null",
+             "set null for the environment's own limit")
+    context = cfg.rollout.get("max_model_len")
+    _require(context is None or tokens * (turns or 1) < context, "data.sampling.max_new_tokens", tokens,
+             f"x {turns or 1} turn(s) does not fit the engine's context rollout.max_model_len={context} (the prompt "
+             "needs room too)", "lower data.sampling.max_new_tokens or data.max_turns, or raise rollout.max_model_len")
+    steps = trainer.get("max_steps", -1)
+    _require(steps is None or steps >= 1, "trainer.max_steps", steps, "lit-credit counts optimiser updates; "
+             "it must be >= 1", "set trainer.max_steps to the number of updates")
+    validates = cfg.get("validate_first") or trainer.get("val_check_interval") is not None
+    _require(not validates or data.val_prompts >= 1, "data.val_prompts", data.val_prompts,
+             "validation is on but has no prompts", "set data.val_prompts=1 or more, or validate_first=false "
+             "and trainer.limit_val_batches=0")
+    clip_low = method.get("loss", {}).get("surrogate", {}).get("clip_low")
+    _require(clip_low is None or 0 < clip_low < 1, "method.loss.surrogate.clip_low", clip_low,
+             "the PPO ratio clip must be in (0, 1)", "set 0.2 (GRPO's default)")
+    kl = method.get("loss", {}).get("kl_coef", 0.0)
+    _require(kl >= 0, "method.loss.kl_coef", kl, "a KL penalty cannot be negative", "set 0 (no KL) or more")
