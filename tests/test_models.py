@@ -131,6 +131,8 @@ def test_length_buckets_hand_table():
     got = [(rows.tolist(), width) for rows, width in length_buckets(mask, 10)]
     assert got == [([1], 7), ([2, 0], 5), ([3], 1)]
     assert [(rows.tolist(), width) for rows, width in length_buckets(mask, 4)] == [([1], 7), ([2], 5), ([0], 3), ([3], 1)]
+    # A budget of 100 fits every row, but a bucket of width w takes no row shorter than w / 2: (7, 5), (3), (1).
+    assert [(rows.tolist(), width) for rows, width in length_buckets(mask, 100)] == [([1, 2], 7), ([0], 3), ([3], 1)]
 
 
 def test_padding_free_logprobs_and_gradients_equal_the_padded_pass():
@@ -142,7 +144,7 @@ def test_padding_free_logprobs_and_gradients_equal_the_padded_pass():
     mask = (torch.arange(40) < lengths[:, None]).long()
     ids = torch.randint(1, 50, (6, 40)) * mask
     grads = []
-    for budget in (None, 48):  # buckets: (40), (40), (21, 12) at width 21, (5, 3) at width 5
+    for budget in (None, 48):  # buckets: (40), (40), (21, 12) at width 21, (5, 3) at width 5 (5 / 2 <= 3)
         model.zero_grad()
         logp, entropy = token_logprobs(model, ids, mask, token_budget=budget)
         (logp * mask).sum().backward()

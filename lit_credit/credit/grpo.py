@@ -79,6 +79,28 @@ def token_metrics(advantages: Tensor, mask: Tensor, prefix: str = "credit/") -> 
     }
 
 
+def segment_metrics(values: Tensor, counts: Tensor, prefix: str = "credit/") -> dict[str, float]:
+    """:func:`token_metrics` of tokens constant on segments, from the segment values, without [B, T] work.
+
+    Segment j of row i holds ``n_ij = counts[i, j]`` tokens all equal to ``v_ij = values[i, j]``; with
+    ``N = sum n``: ``adv_mean = sum n v / N``, ``adv_std = sqrt(sum n (v - mean)^2 / N)`` (population, two
+    passes in float64), ``adv_abs_max = max_{n > 0} |v|``; all 0 when ``N = 0``.
+
+    Shape:
+        values, counts: [B] or [B, S], the same.
+    """
+    v, n = values.double().reshape(-1), counts.double().reshape(-1)
+    total = n.sum()
+    if total == 0:
+        return {f"{prefix}adv_mean": 0.0, f"{prefix}adv_std": 0.0, f"{prefix}adv_abs_max": 0.0}
+    mean = (n * v).sum() / total
+    return {
+        f"{prefix}adv_mean": mean.item(),
+        f"{prefix}adv_std": ((n * (v - mean).square()).sum() / total).sqrt().item(),
+        f"{prefix}adv_abs_max": torch.where(n > 0, v.abs(), 0).max().item(),
+    }
+
+
 def share(flags: Tensor) -> float:
     """Fraction of True entries (0.0 when empty)."""
     return flags.float().mean().item() if flags.numel() else 0.0
@@ -96,10 +118,9 @@ def rollout_credit(advantages: Tensor, response_mask: Tensor, group_ids: Tensor)
     Shape:
         advantages: [B], response_mask: [B, T], group_ids: [B]. ``CreditOutput.advantages``: [B, T].
     """
-    mask = response_mask.bool()
-    tokens = torch.where(mask, advantages[:, None], 0)
+    tokens = torch.where(response_mask.bool(), advantages[:, None], 0)
     metrics = {
-        **token_metrics(tokens, mask),
+        **segment_metrics(advantages, response_mask.sum(1)),
         "credit/zero_variance_group_frac": zero_group_frac(advantages, group_ids),
     }
     return CreditOutput(tokens, {"rollout": advantages}, metrics)

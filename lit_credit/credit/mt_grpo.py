@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_credit.credit.grpo import group_normalize, token_metrics, zero_group_frac
+from lit_credit.credit.grpo import group_normalize, segment_metrics, zero_group_frac
 from lit_credit.credit.registry import CreditEstimator, check_batch, register
 from lit_credit.types import CreditOutput, RolloutBatch
 
@@ -22,24 +22,31 @@ def mt_grpo_advantages(
     group_ids: Tensor,
     *,
     turn_present: Tensor | None = None,
+    policy: Tensor | None = None,
     c: float = 1.0,
     eps: float = 1e-6,
     norm_by_std: bool = True,
 ) -> CreditOutput:
     """``A_turn = Norm_{g(i)}(turn_score)`` (over rollouts with ``turn_present``), ``A_out =
     Norm_{g(i)}(outcome_score)``; tokens of turn 0 get ``A_out + c * A_turn``, tokens of turns >= 1 get
-    ``A_out``, tokens with ``turn_ids == -1`` get 0.
+    ``A_out``, tokens with ``turn_ids == -1`` or outside ``policy`` (default: all tokens) get 0.
 
     Shape:
         turn_score, outcome_score, group_ids, turn_present (bool): [B]; turn_ids: [B, T] long, -1 off the
-        policy tokens. Output advantages: [B, T]; ``parts["turn"]``, ``parts["outcome"]``: [B].
+        policy tokens; policy: [B, T] bool. Output advantages: [B, T]; ``parts["turn"]``,
+        ``parts["outcome"]``: [B].
     """
     a_turn = group_normalize(turn_score, group_ids, turn_present, eps=eps, norm_by_std=norm_by_std)
     a_out = group_normalize(outcome_score, group_ids, eps=eps, norm_by_std=norm_by_std)
-    first = (a_out + c * a_turn)[:, None]
-    tokens = torch.where(turn_ids == 0, first, torch.where(turn_ids > 0, a_out[:, None], 0))
+    first, turn0, later = a_out + c * a_turn, turn_ids == 0, turn_ids > 0
+    if policy is not None:
+        turn0 &= policy
+        later &= policy
+    tokens = torch.where(later, a_out[:, None], 0)
+    torch.where(turn0, first[:, None], tokens, out=tokens)  # disjoint masks: one allocation
+    counts = torch.stack([turn0.sum(1, dtype=torch.float32), later.sum(1, dtype=torch.float32)], 1)
     metrics = {
-        **token_metrics(tokens, turn_ids >= 0),
+        **segment_metrics(torch.stack([first, a_out], 1), counts),
         "credit/zero_variance_group_frac": zero_group_frac(a_out, group_ids),
         "credit/turn/zero_variance_group_frac": zero_group_frac(a_turn, group_ids),
     }
@@ -67,9 +74,10 @@ class MTGRPOCredit(CreditEstimator):
         return mt_grpo_advantages(
             batch.turn_scores[:, 0],
             batch.scores,
-            torch.where(batch.response_mask.bool(), batch.turn_ids, -1),
+            batch.turn_ids,
             batch.group_ids,
             turn_present=batch.turn_mask[:, 0],
+            policy=batch.response_mask.bool(),
             c=self.c,
             eps=self.eps,
             norm_by_std=self.norm_by_std,

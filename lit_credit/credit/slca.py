@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_credit.credit.grpo import group_normalize, share, token_metrics, zero_group_frac
+from lit_credit.credit.grpo import group_normalize, segment_metrics, share, zero_group_frac
 from lit_credit.credit.registry import CreditEstimator, check_batch, register, require_parts
 from lit_credit.types import CreditOutput, RolloutBatch
 
@@ -27,15 +27,28 @@ def segment_masks(response_mask: Tensor) -> tuple[Tensor, Tensor]:
         response_mask: [B, T]. Output: (tool_mask [B, T] bool, summary_mask [B, T] bool), disjoint,
         their union the response mask.
     """
+    tool, summary, _, _ = segments(response_mask)
+    return tool, summary
+
+
+def segments(response_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`segment_masks` plus the per-row token counts ``(n_tool, n_sum)`` [B] float, without a
+    [B, T] count: the summary is one run ``[start, stop)``, so ``n_sum = stop - start`` (0 without runs)
+    and ``n_tool = sum_t response_mask - n_sum`` (``response_mask`` is 0 / 1)."""
     m = response_mask.bool()
+    n = response_mask.sum(1, dtype=torch.float32)
     if m.shape[1] == 0:
-        return m, m.clone()
+        return m, m.clone(), n, n.clone()
     starts = m & ~torch.cat([m.new_zeros(m.shape[0], 1), m[:, :-1]], 1)
-    # start of the last run = the first start of the reversed row (argmax takes the first maximum); a row
-    # without runs gets T - 1, harmless as its mask is empty
-    last_start = m.shape[1] - 1 - starts.view(torch.uint8).flip(1).argmax(1, keepdim=True)
-    summary = m & (torch.arange(m.shape[1], device=m.device) >= last_start)
-    return m & ~summary, summary
+    # start of the last run = the first start of the reversed row (argmax takes the first maximum), its
+    # stop = T - (first learnable token of the reversed row); a row without runs gets (T - 1, T), harmless
+    # as its mask is empty and its count is zeroed
+    last = m.shape[1] - 1 - starts.view(torch.uint8).flip(1).argmax(1, keepdim=True)
+    stop = m.shape[1] - m.view(torch.uint8).flip(1).argmax(1)
+    summary = torch.arange(m.shape[1], device=m.device) >= last
+    summary &= m
+    n_sum = torch.where(n > 0, stop - last[:, 0], 0).to(n.dtype)
+    return m ^ summary, summary, n - n_sum, n_sum  # summary is a subset of m
 
 
 def omission_guard(
@@ -92,19 +105,20 @@ def slca_advantages(
         process_score, summary_score, group_ids, score_total, should_call_but_no_call: [B];
         response_mask: [B, T]. Output advantages: [B, T]; ``parts["tool"]``, ``parts["summary"]``: [B].
     """
-    tool_mask, summary_mask = segment_masks(response_mask)
+    tool_mask, summary_mask, n_tool, n_sum = segments(response_mask)
     s_tool, s_sum, omitted = omission_guard(process_score, summary_score, score_total, should_call_but_no_call)
 
     def norm(x: Tensor, present: Tensor) -> Tensor:
         return group_normalize(x, group_ids, present, eps=eps, norm_by_std=norm_by_std)
 
-    has_tool = tool_mask.any(1)
-    a_tool, a_sum = w_process * norm(s_tool, has_tool), w_summary * norm(s_sum, summary_mask.any(1))
-    tokens = torch.where(tool_mask, a_tool[:, None], torch.where(summary_mask, a_sum[:, None], 0))
+    has_tool = n_tool > 0
+    a_tool, a_sum = w_process * norm(s_tool, has_tool), w_summary * norm(s_sum, n_sum > 0)
+    tokens = torch.where(summary_mask, a_sum[:, None], 0)
+    torch.where(tool_mask, a_tool[:, None], tokens, out=tokens)  # disjoint masks: one allocation
     metrics = {
-        **token_metrics(tokens, response_mask),
-        **token_metrics(tokens, tool_mask, "credit/tool/"),
-        **token_metrics(tokens, summary_mask, "credit/summary/"),
+        **segment_metrics(torch.stack([a_tool, a_sum], 1), torch.stack([n_tool, n_sum], 1)),
+        **segment_metrics(a_tool, n_tool, "credit/tool/"),
+        **segment_metrics(a_sum, n_sum, "credit/summary/"),
         "credit/omission_frac": 0.0 if omitted is None else share(omitted),
         "credit/tool_present_frac": share(has_tool),
         "credit/tool/zero_variance_group_frac": zero_group_frac(a_tool, group_ids),
@@ -134,15 +148,16 @@ def toolpo_advantages(
         process_score, score_total, group_ids, should_call_but_no_call: [B]; response_mask: [B, T].
         Output advantages: [B, T]; ``parts["rollout"]`` (A_global), ``parts["tool"]`` (A_tool): [B].
     """
-    tool_mask, _ = segment_masks(response_mask)
+    tool_mask, summary_mask, n_tool, n_sum = segments(response_mask)
     s_tool, _, _ = omission_guard(process_score, score_total, score_total, should_call_but_no_call)
     a_global = group_normalize(score_total, group_ids, eps=eps, norm_by_std=norm_by_std)
-    a_tool = group_normalize(s_tool, group_ids, tool_mask.any(1), eps=eps, norm_by_std=norm_by_std)
-    on_tool = (a_global + lam * a_tool)[:, None]
-    tokens = torch.where(tool_mask, on_tool, torch.where(response_mask.bool(), a_global[:, None], 0))
+    a_tool = group_normalize(s_tool, group_ids, n_tool > 0, eps=eps, norm_by_std=norm_by_std)
+    on_tool = a_global + lam * a_tool
+    tokens = torch.where(summary_mask, a_global[:, None], 0)  # tool and summary tile the response mask
+    torch.where(tool_mask, on_tool[:, None], tokens, out=tokens)
     metrics = {
-        **token_metrics(tokens, response_mask),
-        **token_metrics(tokens, tool_mask, "credit/tool/"),
+        **segment_metrics(torch.stack([on_tool, a_global], 1), torch.stack([n_tool, n_sum], 1)),
+        **segment_metrics(on_tool, n_tool, "credit/tool/"),
         "credit/zero_variance_group_frac": zero_group_frac(a_global, group_ids),
     }
     return CreditOutput(tokens, {"rollout": a_global, "tool": a_tool}, metrics)

@@ -12,17 +12,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_credit.credit.grpo import group_normalize, share, token_metrics, zero_group_frac
+from lit_credit.credit.grpo import group_normalize, segment_metrics, share, zero_group_frac
 from lit_credit.credit.registry import check_batch, register, require_parts
-from lit_credit.credit.slca import omission_checks, omission_guard, segment_masks
+from lit_credit.credit.slca import omission_checks, omission_guard, segments
 from lit_credit.credit.tcpo import (
     Normalize,
     Preset,
     TCPOCredit,
     alt_scores_check,
+    spread_turns,
     tcpo_turn_advantages,
     turn_credit_metrics,
-    turns_to_tokens,
+    turn_token_counts,
 )
 from lit_credit.types import CreditOutput, RolloutBatch
 
@@ -83,21 +84,29 @@ def slca_tcpo_advantages(
         alt_scores: [B, K, M] (NaN where not sampled), cf_mask: [B, K]. Output advantages: [B, T];
         ``parts["turn"]`` (A_turn) [B, K], ``parts["summary"]`` (A_sum) [B].
     """
-    tool_mask, summary_mask = segment_masks(response_mask)
+    tool_mask, summary_mask, n_tool, n_sum = segments(response_mask)
     mask = tool_turn_mask.bool()
     s_turn, s_sum, omitted = omission_guard(tool_scores, summary_score, score_total, should_call_but_no_call)
-    a_sum = w_summary * group_normalize(s_sum, group_ids, summary_mask.any(1), eps=eps, norm_by_std=norm_by_std)
+    a_sum = w_summary * group_normalize(s_sum, group_ids, n_sum > 0, eps=eps, norm_by_std=norm_by_std)
     a_turn = w_process * tcpo_turn_advantages(
         s_turn, mask, group_ids, preset=preset, normalize=normalize, alt_scores=alt_scores, cf_mask=cf_mask,
         w_retro=w_retro, w_hind=w_hind, w_cf=w_cf, tau=tau, mu=mu, rho=rho, r0=r0, eps=eps,
     )
-    on_turn = torch.where(turn_ids < a_turn.shape[1], turn_ids, -1)  # the summary turn may lie past K
-    on_tool = turns_to_tokens(a_turn, on_turn).masked_fill_(~tool_mask, 0)
-    tokens = torch.where(summary_mask, a_sum[:, None], on_tool)
+    n_turns = a_turn.shape[1]
+    on_turn = (turn_ids >= 0) & (turn_ids < n_turns)  # the summary turn may lie past K
+    on_turn &= tool_mask
+    index = torch.where(on_turn, turn_ids, n_turns)  # tool tokens off the K turns get 0
+    tokens = spread_turns(a_turn, index)
+    torch.where(summary_mask, a_sum[:, None], tokens, out=tokens)
+    per_turn = turn_token_counts(index, n_turns)
+    # segments: the K tool turns, the tool tokens off them (value 0), the summary
+    values = torch.cat([a_turn, a_turn.new_zeros(len(a_turn), 1), a_sum[:, None]], 1)
+    counts = torch.cat([per_turn, (n_tool - per_turn.sum(1))[:, None], n_sum[:, None]], 1)
+    tool_values, tool_counts = values[:, :-1], counts[:, :-1]
     metrics = {
-        **token_metrics(tokens, response_mask),
-        **token_metrics(tokens, tool_mask, "credit/tool/"),
-        **token_metrics(tokens, summary_mask, "credit/summary/"),
+        **segment_metrics(values, counts),
+        **segment_metrics(tool_values, tool_counts, "credit/tool/"),
+        **segment_metrics(a_sum, n_sum, "credit/summary/"),
         "credit/omission_frac": 0.0 if omitted is None else share(omitted),
         "credit/tool_present_frac": share(mask.any(1)),
         "credit/tool_turns": mask.sum(1).float().mean().item(),

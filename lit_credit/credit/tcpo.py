@@ -13,7 +13,7 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
-from lit_credit.credit.grpo import group_normalize, group_stats, share, token_metrics
+from lit_credit.credit.grpo import group_normalize, group_stats, segment_metrics, share, token_metrics
 from lit_credit.credit.registry import CreditEstimator, check_batch, register
 from lit_credit.types import CreditOutput, RolloutBatch
 
@@ -209,7 +209,27 @@ def turns_to_tokens(turn_values: Tensor, turn_ids: Tensor) -> Tensor:
     Shape:
         turn_values: [B, K], turn_ids: [B, T] long in [-1, K). Output: [B, T].
     """
-    return turn_values.gather(1, turn_ids.clamp_min(0)).masked_fill_(turn_ids < 0, 0)
+    return spread_turns(turn_values, torch.where(turn_ids >= 0, turn_ids, turn_values.shape[1]))
+
+
+def spread_turns(turn_values: Tensor, index: Tensor) -> Tensor:
+    """``[turn_values | 0][i, index[i, t]]``: column K of the zero-padded table is the 0 of tokens off the
+    turns, so one gather writes the output (no clamp, no fill).
+
+    Shape:
+        turn_values: [B, K], index: [B, T] long in [0, K]. Output: [B, T].
+    """
+    return torch.cat([turn_values, turn_values.new_zeros(len(turn_values), 1)], 1).gather(1, index)
+
+
+def turn_token_counts(index: Tensor, n_turns: int) -> Tensor:
+    """Tokens per (rollout, turn) of a :func:`spread_turns` index: ``n[i, k] = #{t: index[i, t] = k}``.
+
+    Shape:
+        index: [B, T] long in [0, K]. Output: [B, K] float.
+    """
+    ones = torch.ones((), dtype=torch.float32, device=index.device).expand(index.shape)
+    return torch.zeros(len(index), n_turns + 1, device=index.device).scatter_add_(1, index, ones)[:, :n_turns]
 
 
 def turn_types(scores: Tensor, turn_mask: Tensor, *, tau: float = 1.0, r0: float = 0.0) -> Tensor:
@@ -314,8 +334,10 @@ class TCPOCredit(CreditEstimator):
             cf_mask=parts.get("cf_mask"),
             **vars(self),
         )
-        turn_ids = torch.where(batch.response_mask.bool(), batch.turn_ids, -1)
-        tokens = turns_to_tokens(adv, turn_ids)
-        metrics = token_metrics(tokens, turn_ids >= 0)
+        policy = batch.response_mask.bool()
+        policy &= batch.turn_ids >= 0
+        index = torch.where(policy, batch.turn_ids, adv.shape[1])
+        tokens = spread_turns(adv, index)
+        metrics = segment_metrics(adv, turn_token_counts(index, adv.shape[1]))
         metrics |= turn_credit_metrics(adv, scores, mask, self.tau, self.r0)
         return CreditOutput(tokens, {"turn": adv}, metrics)

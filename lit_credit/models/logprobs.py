@@ -1,6 +1,8 @@
 """Per-token log-probs and entropies of a causal LM, with padding-free micro-batches."""
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -17,18 +19,19 @@ def _forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) 
 def length_buckets(attention_mask: Tensor, token_budget: int) -> list[tuple[Tensor, int]]:
     """Rows sorted by length (longest first) and cut into micro-batches of at most ``token_budget`` tokens.
 
-    A micro-batch starting at a row of length w holds up to ``max(1, token_budget // w)`` rows, each cut to
-    width w (right padding: a row's tokens are a prefix). Returns ``(row indices, width)`` pairs.
+    A micro-batch starting at a row of length w holds up to ``max(1, token_budget // w)`` rows, none shorter
+    than w / 2 (so padding is under half of any row), each cut to width w (right padding: a row's tokens are
+    a prefix). Returns ``(row indices, width)`` pairs.
     """
     positions = torch.arange(1, attention_mask.shape[1] + 1, device=attention_mask.device)
     lengths = (attention_mask.bool() * positions).amax(1).clamp(min=1)  # last real token + 1
     lengths, order = lengths.sort(descending=True, stable=True)
-    lengths, buckets, start = lengths.tolist(), [], 0
-    while start < len(lengths):
-        width = lengths[start]
-        rows = max(1, token_budget // width)
-        buckets.append((order[start:start + rows], width))
-        start += rows
+    negated, buckets, start = (-lengths).tolist(), [], 0
+    while start < len(negated):
+        width = -negated[start]
+        end = min(start + max(1, token_budget // width), bisect_right(negated, -((width + 1) // 2)))
+        buckets.append((order[start:end], width))
+        start = end
     return buckets
 
 

@@ -1,0 +1,514 @@
+"""One GRPO training step on the embedded tiny policy: lit-credit against TRL's ``GRPOTrainer``, side by side.
+
+Run (TRL lives in its own venv, not a project dependency)::
+
+    benchmarks/setup_trl_env.sh                       # once: benchmarks/.venv-trl
+    benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step
+    benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step --settings eos8 --repeats 1   # quicker
+    benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step --profile lit --settings eos8  # cProfile one run
+
+Both frameworks are driven from the same Hydra config (``conf/train.yaml`` + ``experiment=grpo_arith``): the
+embedded policy of the default job (built once under ``.cache/lit-credit/embedded/``), the ``ArithTask`` train
+prompts, the exact-match reward, 16 prompts x 8 completions per step (128), temperature 1, top_p 1, top_k off,
+AdamW lr 3e-4 (constant), PPO clip 0.2, k3 KL to a frozen reference with coefficient 0.001, token-mean loss,
+one optimiser update per step, grad-norm clip 1.0, fp32 on CPU. lit-credit runs its real path
+(``lit_credit.train.build(cfg)`` -> Lightning ``Trainer.fit`` of ``GRPOModule`` + ``RolloutDataModule``); TRL
+runs ``GRPOTrainer.train()`` with the equivalent ``GRPOConfig`` (``loss_type="dapo"``, its token-mean).
+
+Settings: ``eos8`` is the default job (``max_new_tokens=8``, completions stop at EOS, so both sides generate
+about the same number of tokens, not exactly the same); ``fixedN`` forces exactly N tokens per completion on
+both sides (``min_new_tokens = max_new_tokens = N`` and the pad token suppressed, through a copy of the model
+directory whose ``generation_config.json`` says so, and TRL's ``generation_kwargs``), since the SFT-warmed
+policy answers in 2-3 tokens and a bare ``max_new_tokens=64`` would change nothing.
+
+Each (setting, framework, repeat) runs in its own subprocess (its own peak RSS), interleaved lit, trl, lit,
+trl, ...; each run does ``--warmup`` + ``--steps`` optimiser steps and the first ``--warmup`` are dropped. A
+step's time is the wall time between consecutive step ends (Lightning ``on_train_batch_end``, HF
+``on_step_end``): everything the framework does per step, loader and logging included. Output: a markdown
+table on stdout and ``benchmarks/results/grpo_step.json`` (per-step raw figures, machine, versions, and the
+remaining differences between the two set-ups).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+FRAMEWORKS = ("lit", "trl")
+NAMES = {"lit": "lit-credit", "trl": "TRL"}
+
+# What stays different between the two set-ups (measured or not); printed and stored with the figures.
+DIFFERENCES = [
+    "Generation: both call HF `model.generate` (KV cache, sampling, temperature 1, top_p 1, top_k 0) on all 128 "
+    "rows in one batch; lit-credit also asks for `output_logits=True, return_dict_in_generate=True` and "
+    "log-softmaxes them into behaviour log-probs (its engine/trainer log-prob-gap check); TRL does not.",
+    "Log-probs: lit-credit runs the full causal-LM forward (logits [B, T, V], float32 log_softmax, gather, "
+    "entropy) over prompt + completion; TRL patches the model with its chunked fused LM head "
+    "(`add_fused_lm_head`, log-probs + entropy in chunks, no full logits tensor kept for backward) and keeps the "
+    "completion positions.",
+    "Padding: lit-credit right-pads prompt + completion as one sequence; TRL left-pads prompts and right-pads "
+    "completions (same token content; arithmetic prompts all have the same length here).",
+    "Reference model: lit-credit deep-copies the loaded policy; TRL loads a second copy from the same directory "
+    "(same weights, both frozen, fp32).",
+    "Advantages: both (r - group mean) / (group std + eps) with the unbiased std; eps 1e-6 (lit-credit) vs "
+    "1e-4 (TRL).",
+    "Loss: same per-token clipped surrogate + 0.001 * k3 KL, token-mean over the 128 completions (TRL "
+    "loss_type='dapo' = sum / number of completion tokens of the generation batch, one micro-batch); TRL adds "
+    "the KL before masking, lit-credit masks then adds (same value on completion tokens).",
+    "Optimiser: both torch.optim.AdamW (TRL optim='adamw_torch', not fused), lr 3e-4, betas (0.9, 0.999), "
+    "eps 1e-8, weight decay 0, grad-norm clip 1.0; LR schedule constant on both (the default job's "
+    "10-step LinearLR warm-up is switched off, method.lr_scheduler=null, TRL lr_scheduler_type='constant').",
+    "Per-step extras: lit-credit logs ~30 scalars via `self.log_dict` (logger off, progress bar off), computes "
+    "credit leakage, zero-variance groups, clip fractions and the log-prob gap; TRL logs its ~25 metrics every "
+    "step (logging_steps=1, report_to none, tqdm off) through Trainer.log.",
+    "Data: both draw 16 distinct train prompts per step from the same 160-prompt ArithTask train split, in "
+    "different orders (lit-credit: PromptStream with its seed; TRL: RepeatSampler), so the prompts differ "
+    "per step (all prompts have the same token length).",
+    "Sampling RNG: both seeded with 0 but the draws differ, so completions (and with EOS stops, their lengths) "
+    "differ; in eos8 compare the generated-token columns, in fixedN every completion has exactly N tokens.",
+    "Frameworks' own loop costs are included on purpose: Lightning's fit loop (manual optimisation, hooks) vs "
+    "HF Trainer + accelerate (CPU, no DDP); no checkpointing, no validation/eval, no gradient checkpointing "
+    "(TRL's default of True switched off), fp32 (TRL's bf16 default switched off), no vLLM.",
+    "Imports differ (Lightning + Hydra vs HF Trainer + TRL + accelerate), which shows in the RSS at the start "
+    "of training; the 'train peak' column is the peak RSS reached during fit after that start.",
+]
+
+
+# ----------------------------------------------------------------------------------------------- shared helpers
+
+def _status() -> dict[str, int]:
+    """VmRSS and VmHWM of this process, KiB."""
+    text = Path("/proc/self/status").read_text()
+    return {k: int(re.search(rf"{k}:\s+(\d+)", text).group(1)) for k in ("VmRSS", "VmHWM")}
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the peak-RSS counters (VmHWM and, on Linux, ru_maxrss) to the current RSS; False if refused."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _maxrss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def compose(setting: dict[str, Any], steps: int, model_dir: str | None, output_dir: str):
+    """The lit-credit config of the default job (``experiment=grpo_arith``) for ``steps`` training steps."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from lit_credit.train import CONF_DIR
+
+    overrides = [
+        "experiment=grpo_arith", "callbacks=none", "~logger", "validate_first=false",
+        "method.lr_scheduler=null",  # constant LR on both sides (TRL: lr_scheduler_type="constant")
+        f"trainer.max_steps={steps}", "+trainer.enable_progress_bar=false", "+trainer.enable_checkpointing=false",
+        "+trainer.limit_val_batches=0", f"data.sampling.max_new_tokens={setting['max_new_tokens']}",
+    ]
+    if model_dir is not None:
+        overrides.append(f"model.path={model_dir}")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = hydra_compose("train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        cfg.paths.output_dir = output_dir
+        cfg.paths.cache_dir = os.environ.get("LIT_CREDIT_CACHE", str(ROOT / ".cache" / "lit-credit"))
+        del cfg.hydra
+    return cfg
+
+
+def parse_setting(name: str) -> dict[str, Any]:
+    m = re.fullmatch(r"(eos|fixed)(\d+)", name)
+    if not m:
+        raise SystemExit(f"--settings: {name!r} is not eosN or fixedN (e.g. eos8, fixed64)")
+    return {"name": name, "max_new_tokens": int(m.group(2)), "fixed": m.group(1) == "fixed"}
+
+
+class GenerateTimer:
+    """Wraps ``model.generate`` (instance attribute): wall time, decode steps and generated tokens per call.
+
+    Tokens of a row: up to and including its first EOS, or every new position when it has none (TRL's
+    completion mask; the same count on both sides)."""
+
+    def __init__(self, model, eos_id: int) -> None:
+        self.inner, self.eos_id, self.calls = model.generate, eos_id, []
+        model.generate = self
+
+    def __call__(self, *args, **kwargs):
+        import torch
+
+        width = kwargs["input_ids"].shape[1]
+        start, cpu = time.perf_counter(), time.process_time()
+        out = self.inner(*args, **kwargs)
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        new = (out if isinstance(out, torch.Tensor) else out.sequences)[:, width:]
+        is_eos = new == self.eos_id
+        first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full_like(is_eos[:, 0], new.shape[1],
+                                                                                   dtype=torch.long))
+        self.calls.append({"seconds": seconds, "cpu_s": cpu, "rows": new.shape[0], "decode_steps": new.shape[1],
+                           "tokens": int(first.sum())})
+        return out
+
+
+# ----------------------------------------------------------------------------------------------- the two children
+
+def child_lit(setting: dict[str, Any], steps: int, model_dir: str | None, workdir: str) -> dict[str, Any]:
+    import lightning as L
+    import torch
+
+    from lit_credit.train import build
+
+    cfg = compose(setting, steps, model_dir, workdir)
+    module, datamodule, trainer = build(cfg)  # the library path of `lit-credit` (train.train minus run-dir claim)
+    gen = GenerateTimer(module.policy, module.tokenizer.eos_token_id)
+    ends: list[tuple[float, float]] = []  # (wall, process CPU) at the start and at every step end
+    per_step: list[dict[str, float]] = []
+
+    class StepTimer(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            ends.append((time.perf_counter(), time.process_time()))
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            ends.append((time.perf_counter(), time.process_time()))
+            m = trainer.callback_metrics
+            per_step.append({k: float(m[k]) for k in ("perf/step_s", "perf/generation_s", "train/response_length",
+                                                      "train/reward/mean", "loss/kl") if k in m})
+
+    trainer.callbacks.append(StepTimer())
+    rss_start = _status()["VmRSS"] / 1024
+    setup_peak = _maxrss_mib()
+    reset = _reset_peak_rss()
+    trainer.fit(module, datamodule=datamodule)
+    return {"ends": ends, "per_step": per_step, "generate": gen.calls, "rss_start_mib": rss_start,
+            "setup_peak_mib": setup_peak, "peak_reset": reset, "train_peak_mib": _maxrss_mib(),
+            "threads": torch.get_num_threads(), "own_length_key": "train/response_length",
+            "config": {"lr": cfg.method.optimizer.lr, "scheduler": None, "kl_coef": cfg.method.loss.kl_coef,
+                       "clip": cfg.method.loss.surrogate.clip_low, "aggregation": cfg.method.loss.aggregation}}
+
+
+def child_trl(setting: dict[str, Any], steps: int, model_dir: str | None, workdir: str) -> dict[str, Any]:
+    import torch
+    from hydra.utils import instantiate
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    cfg = compose(setting, steps, model_dir, workdir)
+    method, data = cfg.method, cfg.data
+    loss = method.loss
+    # What TRL's GRPO can express: say so loudly if the lit-credit config moved away from it.
+    assert loss.aggregation == "token-mean" and loss.kl_estimator == "k3" and loss.surrogate.clip_high is None
+    assert method.ppo_epochs == 1 and method.num_minibatches == 1 and not method.dynamic_sampling
+    assert cfg.credit.norm_by_std and cfg.method.optimizer._target_ == "torch.optim.AdamW"
+
+    task, reward = instantiate(cfg.task), instantiate(cfg.reward)
+    model, tokenizer = instantiate(cfg.model).load()  # PolicySource.load: the loader lit-credit uses
+    sampling = data.sampling
+    generation_kwargs = None
+    if setting["fixed"]:
+        generation_kwargs = {"min_new_tokens": setting["max_new_tokens"], "suppress_tokens": [tokenizer.pad_token_id]}
+
+    def exact_match(prompts, completions, answer, **kwargs) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(reward({"answer": a}, [t])["score"]) for t, a in zip(texts, answer)]
+
+    args = GRPOConfig(
+        output_dir=workdir, max_steps=steps, seed=cfg.seed, use_cpu=True, bf16=False, fp16=False,
+        gradient_checkpointing=False, report_to="none", logging_steps=1, save_strategy="no", eval_strategy="no",
+        disable_tqdm=True, dataloader_num_workers=0,
+        per_device_train_batch_size=data.prompts_per_step * sampling.n, gradient_accumulation_steps=1,
+        num_generations=sampling.n, num_iterations=1, max_completion_length=sampling.max_new_tokens,
+        temperature=sampling.temperature, top_p=sampling.top_p, top_k=0, generation_kwargs=generation_kwargs,
+        use_vllm=False, learning_rate=method.optimizer.lr, weight_decay=method.optimizer.weight_decay,
+        optim="adamw_torch", lr_scheduler_type="constant", max_grad_norm=method.max_grad_norm,
+        beta=loss.kl_coef, epsilon=loss.surrogate.clip_low, loss_type="dapo", scale_rewards="group",
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=[exact_match], args=args,
+                          train_dataset=task.dataset("train"), processing_class=tokenizer)
+    gen = GenerateTimer(trainer.model, tokenizer.eos_token_id)
+    ends: list[tuple[float, float]] = []  # (wall, process CPU) at the start and at every step end
+    per_step: list[dict[str, float]] = []
+
+    class StepTimer(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            ends.append((time.perf_counter(), time.process_time()))
+
+        def on_step_end(self, args, state, control, **kwargs):
+            ends.append((time.perf_counter(), time.process_time()))
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            keys = ("step_time", "completions/mean_length", "reward", "kl")
+            if logs and "step_time" in logs:
+                per_step.append({k: float(logs[k]) for k in keys if k in logs})
+
+    trainer.add_callback(StepTimer())
+    rss_start = _status()["VmRSS"] / 1024
+    setup_peak = _maxrss_mib()
+    reset = _reset_peak_rss()
+    trainer.train()
+    return {"ends": ends, "per_step": per_step, "generate": gen.calls, "rss_start_mib": rss_start,
+            "setup_peak_mib": setup_peak, "peak_reset": reset, "train_peak_mib": _maxrss_mib(),
+            "threads": torch.get_num_threads(), "own_length_key": "completions/mean_length",
+            "config": {"lr": args.learning_rate, "scheduler": args.lr_scheduler_type, "kl_coef": args.beta,
+                       "clip": args.epsilon, "loss_type": args.loss_type, "optim": str(args.optim)}}
+
+
+def run_child(framework: str, setting: dict[str, Any], steps: int, model_dir: str | None, out: Path,
+              profile: Path | None, threads: int | None) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    fn = {"lit": child_lit, "trl": child_trl}[framework]
+    with tempfile.TemporaryDirectory(prefix=f"grpo-step-{framework}-") as workdir:
+        if profile is None:
+            result = fn(setting, steps, model_dir, workdir)
+        else:
+            import cProfile
+
+            prof = cProfile.Profile()
+            result = prof.runcall(fn, setting, steps, model_dir, workdir)
+            prof.dump_stats(profile)
+    out.write_text(json.dumps(result))
+
+
+# ----------------------------------------------------------------------------------------------- the parent
+
+def prepare_models(settings: list[dict[str, Any]], tmp: Path) -> dict[str, str | None]:
+    """Build (once) the embedded policy of the default job; for each fixedN setting, a copy of its directory
+    whose generation config forces exactly N new tokens and never samples the pad token."""
+    from hydra.utils import instantiate
+
+    cfg = compose(settings[0], 1, None, str(tmp / "compose"))
+    path = Path(instantiate(cfg.model).resolve())  # builds the tokenizer + SFT warm start on first use
+    dirs: dict[str, str | None] = {}
+    for s in settings:
+        if not s["fixed"]:
+            dirs[s["name"]] = None  # model.path=null: the embedded policy, exactly as the default job loads it
+            continue
+        target = tmp / f"model-{s['name']}"
+        shutil.copytree(path, target)
+        gen_cfg = json.loads((target / "generation_config.json").read_text())
+        pad = json.loads((target / "config.json").read_text())["pad_token_id"]
+        gen_cfg.update(min_new_tokens=s["max_new_tokens"], suppress_tokens=[pad])
+        (target / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2))
+        dirs[s["name"]] = str(target)
+    dirs["_embedded"] = str(path)
+    return dirs
+
+
+def _intervals(ends: list[list[float]], column: int) -> list[float]:
+    return [b[column] - a[column] for a, b in itertools.pairwise(ends)]
+
+
+def summarise(runs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """Pool the measured steps of every repeat of one (setting, framework)."""
+    steps, cpu, tokens, gen_s, gen_cpu, decode, own_len, rows = [], [], [], [], [], [], [], []
+    for r in runs:
+        intervals = _intervals(r["ends"], 0)
+        calls = r["generate"]
+        if len(calls) != len(intervals):
+            raise RuntimeError(f"{len(calls)} generate calls for {len(intervals)} steps: expected one per step")
+        steps += intervals[warmup:]
+        cpu += _intervals(r["ends"], 1)[warmup:]
+        tokens += [c["tokens"] for c in calls[warmup:]]
+        gen_s += [c["seconds"] for c in calls[warmup:]]
+        gen_cpu += [c["cpu_s"] for c in calls[warmup:]]
+        decode += [c["decode_steps"] for c in calls[warmup:]]
+        rows += [c["rows"] for c in calls[warmup:]]
+        own_len += [p[r["own_length_key"]] for p in r["per_step"][warmup:] if r["own_length_key"] in p]
+    total_s, total_tok, total_rows = sum(steps), sum(tokens), sum(rows)
+    return {
+        "steps_measured": len(steps),
+        "s_per_step_median": statistics.median(steps), "s_per_step_mean": statistics.fmean(steps),
+        "s_per_step_stdev": statistics.stdev(steps) if len(steps) > 1 else 0.0,
+        "s_per_step_min": min(steps),
+        "per_repeat_median_s": [statistics.median(_intervals(r["ends"], 0)[warmup:]) for r in runs],
+        "cpu_s_per_step_median": statistics.median(cpu), "cpu_s_per_step_mean": statistics.fmean(cpu),
+        "generate_s_median": statistics.median(gen_s), "generate_cpu_s_median": statistics.median(gen_cpu),
+        "non_generate_s_median": statistics.median(a - b for a, b in zip(steps, gen_s)),
+        "gen_tokens_per_step": total_tok / len(steps), "completion_len_mean": total_tok / total_rows,
+        "completion_len_own_metric": statistics.fmean(own_len) if own_len else None,
+        "decode_steps_mean": statistics.fmean(decode),
+        "tokens_per_s": total_tok / total_s, "ms_per_token": 1000 * total_s / total_tok,
+        "gen_tokens_per_s_generate_only": total_tok / sum(gen_s),
+        "peak_rss_mib": max(max(r["setup_peak_mib"], r["train_peak_mib"]) for r in runs),
+        "rss_at_fit_start_mib": statistics.median(r["rss_start_mib"] for r in runs),
+        "train_peak_rss_mib": statistics.median(r["train_peak_mib"] for r in runs)
+        if all(r["peak_reset"] for r in runs) else None,
+        "torch_threads": runs[0]["threads"], "config": runs[0]["config"],
+    }
+
+
+def machine_info() -> dict[str, Any]:
+    import importlib.metadata as md
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    mem = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1)) // 1024
+    versions = {}
+    for pkg in ("torch", "transformers", "trl", "accelerate", "datasets", "lightning", "hydra-core", "lit-credit"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "affinity_cpus": len(os.sched_getaffinity(0)),
+            "mem_total_mib": mem, "platform": platform.platform(), "python": platform.python_version(),
+            "versions": versions, "git_commit": git("rev-parse", "HEAD"),
+            "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def table(results: dict[str, Any], settings: list[dict[str, Any]]) -> str:
+    head = ("| setting | framework | s/step median | per-run medians | s/step min | ratio TRL/lit | CPU s/step "
+            "| CPU ratio | gen tokens/step | completion len | tokens/s | ms/token | generate s | rest s "
+            "| peak RSS MiB | RSS ratio | RSS at fit start | train peak RSS |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for s in settings:
+        res = results[s["name"]]
+        for fw in FRAMEWORKS:
+            r = res[fw]
+
+            def ratio(key: str, fw: str = fw, res: dict = res) -> str:
+                return "1 (ref)" if fw == "lit" else f"{res['trl'][key] / res['lit'][key]:.2f}"
+
+            runs = " / ".join(f"{x:.2f}" for x in r["per_repeat_median_s"])
+            train_peak = "n/a" if r["train_peak_rss_mib"] is None else f"{r['train_peak_rss_mib']:.0f}"
+            lines.append(
+                f"| {s['name']} | {NAMES[fw]} | {r['s_per_step_median']:.3f} | {runs} | {r['s_per_step_min']:.3f} "
+                f"| {ratio('s_per_step_median')} | {r['cpu_s_per_step_median']:.3f} "
+                f"| {ratio('cpu_s_per_step_median')} | {r['gen_tokens_per_step']:.0f} "
+                f"| {r['completion_len_mean']:.2f} | {r['tokens_per_s']:.0f} | {r['ms_per_token']:.2f} "
+                f"| {r['generate_s_median']:.3f} | {r['non_generate_s_median']:.3f} | {r['peak_rss_mib']:.0f} "
+                f"| {ratio('peak_rss_mib')} | {r['rss_at_fit_start_mib']:.0f} | {train_peak} |")
+    return "\n".join(lines)
+
+
+def parent(ns: argparse.Namespace) -> None:
+    settings = [parse_setting(n) for n in ns.settings.split(",")]
+    frameworks = list(FRAMEWORKS) if ns.profile is None else [ns.profile]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    total = ns.warmup + ns.steps
+    raw: dict[str, dict[str, list]] = {s["name"]: {fw: [] for fw in frameworks} for s in settings}
+    load = [os.getloadavg()]
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="grpo-step-") as tmp_str:
+        tmp = Path(tmp_str)
+        dirs = prepare_models(settings, tmp)
+        for s in settings:
+            for rep in range(ns.repeats if ns.profile is None else 1):
+                order = frameworks if rep % 2 == 0 else frameworks[::-1]  # A B, B A: neither always goes first
+                for fw in order:
+                    out = tmp / f"{s['name']}-{fw}-{rep}.json"
+                    cmd = [sys.executable, "-m", "benchmarks.grpo_step", "--child", fw, "--setting", s["name"],
+                           "--total-steps", str(total), "--out", str(out)]
+                    if ns.threads:
+                        cmd += ["--threads", str(ns.threads)]
+                    if dirs[s["name"]] is not None:
+                        cmd += ["--model-dir", dirs[s["name"]]]
+                    if ns.profile is not None:
+                        cmd += ["--profile-out", str(RESULTS / f"grpo_step_{fw}_{s['name']}.prof")]
+                    print(f"[{time.time() - t0:6.0f}s] {s['name']} {NAMES[fw]} repeat {rep + 1}", flush=True)
+                    log = tmp / f"{s['name']}-{fw}-{rep}.log"
+                    with log.open("w") as fh:
+                        proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+                    if proc.returncode != 0:
+                        sys.stdout.write(log.read_text()[-6000:])
+                        raise SystemExit(f"{NAMES[fw]} child failed ({proc.returncode}): {' '.join(cmd)}")
+                    raw[s["name"]][fw].append(json.loads(out.read_text()))
+                    load.append(os.getloadavg())
+    if ns.profile is not None:
+        import pstats
+
+        for s in settings:
+            path = RESULTS / f"grpo_step_{ns.profile}_{s['name']}.prof"
+            print(f"\n## cProfile, {NAMES[ns.profile]}, {s['name']}: {ns.warmup + ns.steps} steps + setup ({path})")
+            pstats.Stats(str(path)).sort_stats("tottime").print_stats(ns.profile_top)
+            pstats.Stats(str(path)).sort_stats("cumulative").print_stats(ns.profile_top)
+        return
+
+    results = {s["name"]: {fw: summarise(raw[s["name"]][fw], ns.warmup) for fw in frameworks} for s in settings}
+    report = {
+        "benchmark": "one GRPO step, lit-credit vs TRL GRPOTrainer, embedded tiny policy, arith task",
+        "command": "benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": round(time.time() - t0, 1),
+        "protocol": {"warmup_steps": ns.warmup, "measured_steps_per_run": ns.steps, "repeats": ns.repeats,
+                     "order": "interleaved per setting: lit, trl, then trl, lit, ...; each run its own process",
+                     "prompts_per_step": 16, "group_size": 8, "completions_per_step": 128,
+                     "step_time": "wall time between consecutive step ends (Lightning on_train_batch_end / HF "
+                                  "on_step_end); CPU s/step: process CPU time (all threads) over the same interval",
+                     "torch_threads": ns.threads or "torch default",
+                     "peak_rss": "ru_maxrss of the child (whole process); train peak: after resetting the peak "
+                                 "(/proc/self/clear_refs) just before fit/train"},
+        "settings": settings, "machine": machine_info(), "load_average_1_5_15": load,
+        "embedded_policy": dirs["_embedded"].replace(str(ROOT) + "/", ""),
+        "results": results, "differences": DIFFERENCES,
+        "raw": raw,
+    }
+    out = ns.json
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    m = report["machine"]
+    print(f"\n## One GRPO step: lit-credit vs TRL {m['versions']['trl']} ({m['cpu']}, {m['affinity_cpus']} CPUs, "
+          f"torch {m['versions']['torch']}, {results[settings[0]['name']]['lit']['torch_threads']} threads)\n")
+    print(f"16 prompts x 8 completions per step, {ns.warmup} warm-up + {ns.steps} measured steps per run, "
+          f"{ns.repeats} runs per framework interleaved; load average {load[0][0]:.2f} -> {load[-1][0]:.2f}\n")
+    print(table(results, settings))
+    print("\n### Remaining differences between the two set-ups\n")
+    print("\n".join(f"- {d}" for d in DIFFERENCES))
+    print(f"\nwritten: {out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--settings", default="eos8,fixed64", help="comma list of eosN / fixedN (default eos8,fixed64)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10, help="measured steps per run")
+    p.add_argument("--repeats", type=int, default=2, help="runs per framework and setting, interleaved")
+    p.add_argument("--profile", choices=FRAMEWORKS, help="one cProfiled run of this framework instead (.prof in "
+                                                         "benchmarks/results/); prints the top functions")
+    p.add_argument("--profile-top", type=int, default=30)
+    p.add_argument("--json", type=Path, default=RESULTS / "grpo_step.json", help="where to write the results")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads in both children (default: torch's own)")
+    # internal: one child run
+    p.add_argument("--child", choices=FRAMEWORKS, help=argparse.SUPPRESS)
+    p.add_argument("--setting", help=argparse.SUPPRESS)
+    p.add_argument("--total-steps", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--profile-out", type=Path, help=argparse.SUPPRESS)
+    ns = p.parse_args(argv)
+    if ns.child:
+        run_child(ns.child, parse_setting(ns.setting), ns.total_steps, ns.model_dir, ns.out, ns.profile_out,
+                  ns.threads)
+    else:
+        parent(ns)
+
+
+if __name__ == "__main__":
+    main()

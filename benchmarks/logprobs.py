@@ -1,0 +1,101 @@
+"""Padded vs padding-free (token-budget micro-batch) log-probs on long multi-turn rollouts.
+
+One forward + backward of ``token_logprobs`` (the trainer's hot path) on a batch whose rows mix many short
+rollouts with a few long multi-turn ones, right-padded to the longest: ``token_budget=None`` (one padded
+pass, what lit-credit did before) against ``token_budget=B`` (rows sorted by length, micro-batches cut to
+their longest row). Each setting runs in its own subprocess so its peak RSS is its own.
+
+    .venv/bin/python -m benchmarks.logprobs [--rows 32] [--max-len 1024] [--budget 8192]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from benchmarks.machine import machine
+from lit_credit.models.logprobs import token_logprobs
+
+
+def lengths(rows: int, max_len: int, seed: int = 0) -> torch.Tensor:
+    """Three in four rollouts are short single-turn ones (max_len / 16 .. / 8 tokens); one in four is a
+    multi-turn one (max_len / 4 .. max_len): the shape of TCPO and tool-calling batches."""
+    g = torch.Generator().manual_seed(seed)
+    short = torch.randint(max_len // 16, max_len // 8 + 1, (rows,), generator=g)
+    long = torch.randint(max_len // 4, max_len + 1, (rows,), generator=g)
+    out = torch.where(torch.rand(rows, generator=g) < 0.25, long, short)
+    out[0] = max_len
+    return out
+
+
+def child(args: argparse.Namespace) -> dict:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 32,
+                         num_key_value_heads=args.hidden // 32, max_position_embeddings=args.max_len)
+    model = LlamaForCausalLM(config)
+    n = lengths(args.rows, args.max_len)
+    mask = (torch.arange(args.max_len) < n[:, None]).long()
+    ids = torch.randint(1, args.vocab, mask.shape) * mask
+    budget = None if args.variant == "padded" else args.budget
+    times = []
+    for _ in range(args.warmup + args.repeats):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        logp, _ = token_logprobs(model, ids, mask, token_budget=budget)
+        (logp * mask).sum().backward()
+        times.append(time.perf_counter() - start)
+    times = times[args.warmup:]
+    return {"variant": args.variant, "budget": budget, "median_s": statistics.median(times), "times_s": times,
+            "real_tokens": int(mask.sum()), "padded_tokens": mask.numel(),
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--max-len", type=int, default=1024)
+    parser.add_argument("--budget", type=int, default=8192)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--variant", choices=["padded", "budget"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="benchmarks/results/logprobs.json")
+    args = parser.parse_args()
+    if args.variant:
+        print(json.dumps(child(args)))
+        return
+    forwarded = sys.argv[1:]
+    results = {}
+    for variant in ("padded", "budget"):
+        done = subprocess.run([sys.executable, "-m", "benchmarks.logprobs", *forwarded, "--variant", variant],
+                              capture_output=True, text=True, check=True)
+        results[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+    before, after = results["padded"], results["budget"]
+    real, padded = before["real_tokens"], before["padded_tokens"]
+    print(f"{args.rows} rows, lengths up to {args.max_len}: {real} real tokens in a {padded}-token padded batch "
+          f"({real / padded:.0%} real); Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; "
+          f"forward + backward of token_logprobs, {torch.get_num_threads()} threads\n")
+    print("| variant | median s | peak RSS MiB |\n|---|---|---|")
+    for r in (before, after):
+        name = "padded (one pass)" if r["budget"] is None else f"token budget {r['budget']}"
+        print(f"| {name} | {r['median_s']:.2f} | {r['peak_rss_mib']:.0f} |")
+    print(f"\nspeed-up {before['median_s'] / after['median_s']:.2f}x, peak memory "
+          f"{after['peak_rss_mib'] / before['peak_rss_mib']:.2f}x of the padded pass")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": machine(), "args": vars(args) | {"variant": None}, **results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
