@@ -5,7 +5,8 @@ Run (TRL lives in its own venv, not a project dependency)::
     benchmarks/setup_trl_env.sh                       # once: benchmarks/.venv-trl
     benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step
     benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step --settings eos8 --repeats 1   # quicker
-    benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step --profile lit --settings eos8  # cProfile one run
+    benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step --threads 1   # steadier on a shared machine
+    benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step --profile lit --settings eos8  # cProfile steps
 
 Both frameworks are driven from the same Hydra config (``conf/train.yaml`` + ``experiment=grpo_arith``): the
 embedded policy of the default job (built once under ``.cache/lit-credit/embedded/``), the ``ArithTask`` train
@@ -21,10 +22,11 @@ both sides (``min_new_tokens = max_new_tokens = N`` and the pad token suppressed
 directory whose ``generation_config.json`` says so, and TRL's ``generation_kwargs``), since the SFT-warmed
 policy answers in 2-3 tokens and a bare ``max_new_tokens=64`` would change nothing.
 
-Each (setting, framework, repeat) runs in its own subprocess (its own peak RSS), interleaved lit, trl, lit,
-trl, ...; each run does ``--warmup`` + ``--steps`` optimiser steps and the first ``--warmup`` are dropped. A
-step's time is the wall time between consecutive step ends (Lightning ``on_train_batch_end``, HF
-``on_step_end``): everything the framework does per step, loader and logging included. Output: a markdown
+Each (setting, framework, repeat) runs in its own subprocess (its own peak RSS), interleaved lit, trl, then
+trl, lit, ...; each run does ``--warmup`` + ``--steps`` optimiser steps and the first ``--warmup`` are
+dropped. A step's time is the wall time between consecutive step ends (Lightning ``on_train_batch_end``, HF
+``on_step_end``): everything the framework does per step, loader and logging included; the process CPU time
+over the same interval is recorded beside it. Output: a markdown
 table on stdout and ``benchmarks/results/grpo_step.json`` (per-step raw figures, machine, versions, and the
 remaining differences between the two set-ups).
 """
@@ -53,42 +55,48 @@ NAMES = {"lit": "lit-credit", "trl": "TRL"}
 
 # What stays different between the two set-ups (measured or not); printed and stored with the figures.
 DIFFERENCES = [
-    "Generation: both call HF `model.generate` (KV cache, sampling, temperature 1, top_p 1, top_k 0) on all 128 "
-    "rows in one batch; lit-credit also asks for `output_logits=True, return_dict_in_generate=True` and "
+    "Generation: both call HF `model.generate` (KV cache, sampling, temperature 1, top_p 1, top_k 0) on all "
+    "128 rows in one batch; lit-credit also asks for `output_logits=True, return_dict_in_generate=True` and "
     "log-softmaxes them into behaviour log-probs (its engine/trainer log-prob-gap check); TRL does not.",
-    "Log-probs: lit-credit runs the full causal-LM forward (logits [B, T, V], float32 log_softmax, gather, "
-    "entropy) over prompt + completion; TRL patches the model with its chunked fused LM head "
-    "(`add_fused_lm_head`, log-probs + entropy in chunks, no full logits tensor kept for backward) and keeps the "
-    "completion positions.",
-    "Padding: lit-credit right-pads prompt + completion as one sequence; TRL left-pads prompts and right-pads "
-    "completions (same token content; arithmetic prompts all have the same length here).",
-    "Reference model: lit-credit deep-copies the loaded policy; TRL loads a second copy from the same directory "
-    "(same weights, both frozen, fp32).",
+    "Log-probs: lit-credit's `token_logprobs` (lit_credit/models/logprobs.py) works on the full-vocabulary "
+    "[B, T, V] float32 logits of each micro-batch (rows sorted by length, at most "
+    "method.logprob_token_budget = 16384 tokens: one micro-batch here) and keeps what its backward needs at "
+    "that size; TRL patches the model with its chunked fused LM head (`add_fused_lm_head`: log-probs and "
+    "entropy chunk by chunk, logits recomputed in backward; on CPU it scores every position, then keeps the "
+    "completion ones). Both compute the per-token entropy, also in the reference pass.",
+    "Padding: lit-credit right-pads prompt + completion as one sequence; TRL left-pads prompts and right-pads"
+    " completions (same token content; arithmetic prompts all have the same length here).",
+    "Reference model: lit-credit deep-copies the loaded policy; TRL loads a second copy from the same "
+    "directory (same weights, both frozen, fp32).",
     "Advantages: both (r - group mean) / (group std + eps) with the unbiased std; eps 1e-6 (lit-credit) vs "
     "1e-4 (TRL).",
     "Loss: same per-token clipped surrogate + 0.001 * k3 KL, token-mean over the 128 completions (TRL "
-    "loss_type='dapo' = sum / number of completion tokens of the generation batch, one micro-batch); TRL adds "
-    "the KL before masking, lit-credit masks then adds (same value on completion tokens).",
-    "Optimiser: both torch.optim.AdamW (TRL optim='adamw_torch', not fused), lr 3e-4, betas (0.9, 0.999), "
-    "eps 1e-8, weight decay 0, grad-norm clip 1.0; LR schedule constant on both (the default job's "
-    "10-step LinearLR warm-up is switched off, method.lr_scheduler=null, TRL lr_scheduler_type='constant').",
-    "Per-step extras: lit-credit logs ~30 scalars via `self.log_dict` (logger off, progress bar off), computes "
-    "credit leakage, zero-variance groups, clip fractions and the log-prob gap; TRL logs its ~25 metrics every "
-    "step (logging_steps=1, report_to none, tqdm off) through Trainer.log.",
+    "loss_type='dapo' = sum / number of completion tokens of the generation batch, one micro-batch); TRL adds"
+    " the KL before masking, lit-credit masks then adds (same value on completion tokens).",
+    "Optimiser: both torch.optim.AdamW (TRL optim='adamw_torch', not fused), lr 3e-4, betas (0.9, 0.999), eps"
+    " 1e-8, weight decay 0, grad-norm clip 1.0; LR schedule constant on both (the default job's 10-step "
+    "LinearLR warm-up is switched off, method.lr_scheduler=null, TRL lr_scheduler_type='constant').",
+    "Per-step extras: lit-credit logs ~30 scalars via `self.log_dict` (logger off, progress bar off), "
+    "computes credit leakage, zero-variance groups, clip fractions and the log-prob gap; TRL logs its ~25 "
+    "metrics every step (logging_steps=1, report_to none, tqdm off) through Trainer.log.",
     "Data: both draw 16 distinct train prompts per step from the same 160-prompt ArithTask train split, in "
-    "different orders (lit-credit: PromptStream with its seed; TRL: RepeatSampler), so the prompts differ "
-    "per step (all prompts have the same token length).",
-    "Sampling RNG: both seeded with 0 but the draws differ, so completions (and with EOS stops, their lengths) "
-    "differ; in eos8 compare the generated-token columns, in fixedN every completion has exactly N tokens.",
-    "Frameworks' own loop costs are included on purpose: Lightning's fit loop (manual optimisation, hooks) vs "
-    "HF Trainer + accelerate (CPU, no DDP); no checkpointing, no validation/eval, no gradient checkpointing "
+    "different orders (lit-credit: PromptStream with its seed; TRL: RepeatSampler), so the prompts differ per"
+    " step (all prompts have the same token length).",
+    "Sampling RNG: both seeded with 0 but the draws differ, so completions (and with EOS stops, their "
+    "lengths) differ; in eos8 compare the generated-token columns, in fixedN every completion has exactly N "
+    "tokens.",
+    "Frameworks' own loop costs are included on purpose: Lightning's fit loop (manual optimisation, hooks) vs"
+    " HF Trainer + accelerate (CPU, no DDP); no checkpointing, no validation/eval, no gradient checkpointing "
     "(TRL's default of True switched off), fp32 (TRL's bf16 default switched off), no vLLM.",
-    "Imports differ (Lightning + Hydra vs HF Trainer + TRL + accelerate), which shows in the RSS at the start "
-    "of training; the 'train peak' column is the peak RSS reached during fit after that start.",
+    "Imports differ (Lightning + Hydra vs HF Trainer + TRL + accelerate), which shows in the RSS at the start"
+    " of training; the 'train peak' column is the peak RSS reached during fit after that start.",
+    "Threads: both children run with the same torch intra-op thread count (torch's default, or --threads). "
+    "With 2 threads on a shared 2-core machine a busy neighbour stalls every parallel region (steps 5-10x "
+    "slower, CPU time inflated as well): compare per-run medians, or use --threads 1 there.",
 ]
 
 
-# ----------------------------------------------------------------------------------------------- shared helpers
+# ------------------------------------------------------------------------------------------- shared helpers
 
 def _status() -> dict[str, int]:
     """VmRSS and VmHWM of this process, KiB."""
@@ -103,6 +111,17 @@ def _reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+def library_digest() -> str:
+    """A short hash of lit-credit's sources as this process sees them (they may change between runs)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    paths = [*ROOT.glob("lit_credit/**/*.py"), *ROOT.glob("data_modules/*.py"), *ROOT.glob("conf/**/*.yaml")]
+    for path in sorted(paths):
+        h.update(path.relative_to(ROOT).as_posix().encode() + path.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def _maxrss_mib() -> float:
@@ -122,8 +141,9 @@ def compose(setting: dict[str, Any], steps: int, model_dir: str | None, output_d
     overrides = [
         "experiment=grpo_arith", "callbacks=none", "~logger", "validate_first=false",
         "method.lr_scheduler=null",  # constant LR on both sides (TRL: lr_scheduler_type="constant")
-        f"trainer.max_steps={steps}", "+trainer.enable_progress_bar=false", "+trainer.enable_checkpointing=false",
-        "+trainer.limit_val_batches=0", f"data.sampling.max_new_tokens={setting['max_new_tokens']}",
+        f"trainer.max_steps={steps}", "+trainer.enable_progress_bar=false",
+        "+trainer.enable_checkpointing=false", "+trainer.limit_val_batches=0",
+        f"data.sampling.max_new_tokens={setting['max_new_tokens']}",
     ]
     if model_dir is not None:
         overrides.append(f"model.path={model_dir}")
@@ -164,23 +184,39 @@ class GenerateTimer:
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         new = (out if isinstance(out, torch.Tensor) else out.sequences)[:, width:]
         is_eos = new == self.eos_id
-        first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full_like(is_eos[:, 0], new.shape[1],
-                                                                                   dtype=torch.long))
-        self.calls.append({"seconds": seconds, "cpu_s": cpu, "rows": new.shape[0], "decode_steps": new.shape[1],
-                           "tokens": int(first.sum())})
+        lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, new.shape[1])
+        self.calls.append({"seconds": seconds, "cpu_s": cpu, "rows": new.shape[0],
+                           "decode_steps": new.shape[1], "tokens": int(lengths.sum())})
         return out
 
 
-# ----------------------------------------------------------------------------------------------- the two children
+class StepWindow:
+    """Turns ``profiler`` (a ``cProfile.Profile`` or None) on at the start of step ``first`` and off at the
+    end of step ``last`` (0-based), so a profile holds the measured steps only, not imports and set-up."""
 
-def child_lit(setting: dict[str, Any], steps: int, model_dir: str | None, workdir: str) -> dict[str, Any]:
+    def __init__(self, profiler, first: int, last: int) -> None:
+        self.profiler, self.first, self.last = profiler, first, last
+
+    def step_start(self, index: int) -> None:
+        if self.profiler is not None and index == self.first:
+            self.profiler.enable()
+
+    def step_end(self, index: int) -> None:
+        if self.profiler is not None and index == self.last:
+            self.profiler.disable()
+
+
+# ----------------------------------------------------------------------------------------- the two children
+
+def child_lit(setting: dict[str, Any], steps: int, model_dir: str | None, workdir: str,
+              window: StepWindow) -> dict[str, Any]:
     import lightning as L
     import torch
 
     from lit_credit.train import build
 
     cfg = compose(setting, steps, model_dir, workdir)
-    module, datamodule, trainer = build(cfg)  # the library path of `lit-credit` (train.train minus run-dir claim)
+    module, datamodule, trainer = build(cfg)  # the path of `lit-credit` (train.train minus the run-dir claim)
     gen = GenerateTimer(module.policy, module.tokenizer.eos_token_id)
     ends: list[tuple[float, float]] = []  # (wall, process CPU) at the start and at every step end
     per_step: list[dict[str, float]] = []
@@ -189,11 +225,16 @@ def child_lit(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
         def on_train_start(self, trainer, pl_module):
             ends.append((time.perf_counter(), time.process_time()))
 
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            window.step_start(batch_idx)
+
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             ends.append((time.perf_counter(), time.process_time()))
+            window.step_end(batch_idx)
             m = trainer.callback_metrics
-            per_step.append({k: float(m[k]) for k in ("perf/step_s", "perf/generation_s", "train/response_length",
-                                                      "train/reward/mean", "loss/kl") if k in m})
+            keys = ("perf/step_s", "perf/generation_s", "train/response_length", "train/reward/mean",
+                    "loss/kl")
+            per_step.append({k: float(m[k]) for k in keys if k in m})
 
     trainer.callbacks.append(StepTimer())
     rss_start = _status()["VmRSS"] / 1024
@@ -204,10 +245,12 @@ def child_lit(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
             "setup_peak_mib": setup_peak, "peak_reset": reset, "train_peak_mib": _maxrss_mib(),
             "threads": torch.get_num_threads(), "own_length_key": "train/response_length",
             "config": {"lr": cfg.method.optimizer.lr, "scheduler": None, "kl_coef": cfg.method.loss.kl_coef,
-                       "clip": cfg.method.loss.surrogate.clip_low, "aggregation": cfg.method.loss.aggregation}}
+                       "clip": cfg.method.loss.surrogate.clip_low,
+                       "aggregation": cfg.method.loss.aggregation}}
 
 
-def child_trl(setting: dict[str, Any], steps: int, model_dir: str | None, workdir: str) -> dict[str, Any]:
+def child_trl(setting: dict[str, Any], steps: int, model_dir: str | None, workdir: str,
+              window: StepWindow) -> dict[str, Any]:
     import torch
     from hydra.utils import instantiate
     from transformers import TrainerCallback
@@ -226,7 +269,8 @@ def child_trl(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
     sampling = data.sampling
     generation_kwargs = None
     if setting["fixed"]:
-        generation_kwargs = {"min_new_tokens": setting["max_new_tokens"], "suppress_tokens": [tokenizer.pad_token_id]}
+        generation_kwargs = {"min_new_tokens": setting["max_new_tokens"],
+                             "suppress_tokens": [tokenizer.pad_token_id]}
 
     def exact_match(prompts, completions, answer, **kwargs) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -234,8 +278,8 @@ def child_trl(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
 
     args = GRPOConfig(
         output_dir=workdir, max_steps=steps, seed=cfg.seed, use_cpu=True, bf16=False, fp16=False,
-        gradient_checkpointing=False, report_to="none", logging_steps=1, save_strategy="no", eval_strategy="no",
-        disable_tqdm=True, dataloader_num_workers=0,
+        gradient_checkpointing=False, report_to="none", logging_steps=1, save_strategy="no",
+        eval_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
         per_device_train_batch_size=data.prompts_per_step * sampling.n, gradient_accumulation_steps=1,
         num_generations=sampling.n, num_iterations=1, max_completion_length=sampling.max_new_tokens,
         temperature=sampling.temperature, top_p=sampling.top_p, top_k=0, generation_kwargs=generation_kwargs,
@@ -253,8 +297,12 @@ def child_trl(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
         def on_train_begin(self, args, state, control, **kwargs):
             ends.append((time.perf_counter(), time.process_time()))
 
+        def on_step_begin(self, args, state, control, **kwargs):
+            window.step_start(state.global_step)  # steps done so far: the index of this step
+
         def on_step_end(self, args, state, control, **kwargs):
             ends.append((time.perf_counter(), time.process_time()))
+            window.step_end(state.global_step - 1)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             keys = ("step_time", "completions/mean_length", "reward", "kl")
@@ -273,8 +321,8 @@ def child_trl(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
                        "clip": args.epsilon, "loss_type": args.loss_type, "optim": str(args.optim)}}
 
 
-def run_child(framework: str, setting: dict[str, Any], steps: int, model_dir: str | None, out: Path,
-              profile: Path | None, threads: int | None) -> None:
+def run_child(framework: str, setting: dict[str, Any], steps: int, warmup: int, model_dir: str | None,
+              out: Path, profile: Path | None, threads: int | None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -283,19 +331,20 @@ def run_child(framework: str, setting: dict[str, Any], steps: int, model_dir: st
 
         torch.set_num_threads(threads)
     fn = {"lit": child_lit, "trl": child_trl}[framework]
+    digest = library_digest()
+    profiler = None
+    if profile is not None:
+        import cProfile
+
+        profiler = cProfile.Profile()
     with tempfile.TemporaryDirectory(prefix=f"grpo-step-{framework}-") as workdir:
-        if profile is None:
-            result = fn(setting, steps, model_dir, workdir)
-        else:
-            import cProfile
-
-            prof = cProfile.Profile()
-            result = prof.runcall(fn, setting, steps, model_dir, workdir)
-            prof.dump_stats(profile)
-    out.write_text(json.dumps(result))
+        result = fn(setting, steps, model_dir, workdir, StepWindow(profiler, warmup, steps - 1))
+    if profiler is not None:
+        profiler.dump_stats(profile)
+    out.write_text(json.dumps({**result, "library_digest": digest}))
 
 
-# ----------------------------------------------------------------------------------------------- the parent
+# ------------------------------------------------------------------------------------------------- the parent
 
 def prepare_models(settings: list[dict[str, Any]], tmp: Path) -> dict[str, str | None]:
     """Build (once) the embedded policy of the default job; for each fixedN setting, a copy of its directory
@@ -307,7 +356,7 @@ def prepare_models(settings: list[dict[str, Any]], tmp: Path) -> dict[str, str |
     dirs: dict[str, str | None] = {}
     for s in settings:
         if not s["fixed"]:
-            dirs[s["name"]] = None  # model.path=null: the embedded policy, exactly as the default job loads it
+            dirs[s["name"]] = None  # model.path=null: the embedded policy, as the default job loads it
             continue
         target = tmp / f"model-{s['name']}"
         shutil.copytree(path, target)
@@ -331,7 +380,7 @@ def summarise(runs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
         intervals = _intervals(r["ends"], 0)
         calls = r["generate"]
         if len(calls) != len(intervals):
-            raise RuntimeError(f"{len(calls)} generate calls for {len(intervals)} steps: expected one per step")
+            raise RuntimeError(f"{len(calls)} generate calls in {len(intervals)} steps: expected one each")
         steps += intervals[warmup:]
         cpu += _intervals(r["ends"], 1)[warmup:]
         tokens += [c["tokens"] for c in calls[warmup:]]
@@ -370,7 +419,9 @@ def machine_info() -> dict[str, Any]:
                 if ln.startswith("model name")), platform.processor())
     mem = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1)) // 1024
     versions = {}
-    for pkg in ("torch", "transformers", "trl", "accelerate", "datasets", "lightning", "hydra-core", "lit-credit"):
+    packages = ("torch", "transformers", "trl", "accelerate", "datasets", "lightning", "hydra-core",
+                "lit-credit")
+    for pkg in packages:
         try:
             versions[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
@@ -379,16 +430,18 @@ def machine_info() -> dict[str, Any]:
     def git(*a: str) -> str:
         return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
+    modified = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
     return {"cpu": cpu, "logical_cpus": os.cpu_count(), "affinity_cpus": len(os.sched_getaffinity(0)),
             "mem_total_mib": mem, "platform": platform.platform(), "python": platform.python_version(),
             "versions": versions, "git_commit": git("rev-parse", "HEAD"),
-            "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+            "git_modified_library_files": [
+                f for f in modified if f.startswith(("lit_credit/", "data_modules/", "callbacks/", "conf/"))]}
 
 
 def table(results: dict[str, Any], settings: list[dict[str, Any]]) -> str:
-    head = ("| setting | framework | s/step median | per-run medians | s/step min | ratio TRL/lit | CPU s/step "
-            "| CPU ratio | gen tokens/step | completion len | tokens/s | ms/token | generate s | rest s "
-            "| peak RSS MiB | RSS ratio | RSS at fit start | train peak RSS |")
+    head = ("| setting | framework | s/step median | per-run medians | s/step min | ratio TRL/lit "
+            "| CPU s/step | CPU ratio | gen tokens/step | completion len | tokens/s | ms/token | generate s "
+            "| rest s | peak RSS MiB | RSS ratio | RSS at fit start | train peak RSS |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for s in settings:
         res = results[s["name"]]
@@ -401,11 +454,13 @@ def table(results: dict[str, Any], settings: list[dict[str, Any]]) -> str:
             runs = " / ".join(f"{x:.2f}" for x in r["per_repeat_median_s"])
             train_peak = "n/a" if r["train_peak_rss_mib"] is None else f"{r['train_peak_rss_mib']:.0f}"
             lines.append(
-                f"| {s['name']} | {NAMES[fw]} | {r['s_per_step_median']:.3f} | {runs} | {r['s_per_step_min']:.3f} "
+                f"| {s['name']} | {NAMES[fw]} | {r['s_per_step_median']:.3f} | {runs} "
+                f"| {r['s_per_step_min']:.3f} "
                 f"| {ratio('s_per_step_median')} | {r['cpu_s_per_step_median']:.3f} "
                 f"| {ratio('cpu_s_per_step_median')} | {r['gen_tokens_per_step']:.0f} "
                 f"| {r['completion_len_mean']:.2f} | {r['tokens_per_s']:.0f} | {r['ms_per_token']:.2f} "
-                f"| {r['generate_s_median']:.3f} | {r['non_generate_s_median']:.3f} | {r['peak_rss_mib']:.0f} "
+                f"| {r['generate_s_median']:.3f} | {r['non_generate_s_median']:.3f} "
+                f"| {r['peak_rss_mib']:.0f} "
                 f"| {ratio('peak_rss_mib')} | {r['rss_at_fit_start_mib']:.0f} | {train_peak} |")
     return "\n".join(lines)
 
@@ -423,11 +478,12 @@ def parent(ns: argparse.Namespace) -> None:
         dirs = prepare_models(settings, tmp)
         for s in settings:
             for rep in range(ns.repeats if ns.profile is None else 1):
-                order = frameworks if rep % 2 == 0 else frameworks[::-1]  # A B, B A: neither always goes first
+                order = frameworks if rep % 2 == 0 else frameworks[::-1]  # A B, B A: neither always first
                 for fw in order:
                     out = tmp / f"{s['name']}-{fw}-{rep}.json"
-                    cmd = [sys.executable, "-m", "benchmarks.grpo_step", "--child", fw, "--setting", s["name"],
-                           "--total-steps", str(total), "--out", str(out)]
+                    cmd = [sys.executable, "-m", "benchmarks.grpo_step", "--child", fw,
+                           "--setting", s["name"], "--total-steps", str(total), "--warmup", str(ns.warmup),
+                           "--out", str(out)]
                     if ns.threads:
                         cmd += ["--threads", str(ns.threads)]
                     if dirs[s["name"]] is not None:
@@ -448,37 +504,47 @@ def parent(ns: argparse.Namespace) -> None:
 
         for s in settings:
             path = RESULTS / f"grpo_step_{ns.profile}_{s['name']}.prof"
-            print(f"\n## cProfile, {NAMES[ns.profile]}, {s['name']}: {ns.warmup + ns.steps} steps + setup ({path})")
+            print(f"\n## cProfile, {NAMES[ns.profile]}, {s['name']}: the {ns.steps} steps after "
+                  f"{ns.warmup} warm-up ({path})")
             pstats.Stats(str(path)).sort_stats("tottime").print_stats(ns.profile_top)
             pstats.Stats(str(path)).sort_stats("cumulative").print_stats(ns.profile_top)
         return
 
-    results = {s["name"]: {fw: summarise(raw[s["name"]][fw], ns.warmup) for fw in frameworks} for s in settings}
+    results = {s["name"]: {fw: summarise(raw[s["name"]][fw], ns.warmup) for fw in frameworks}
+               for s in settings}
+    digests = sorted({r["library_digest"] for per in raw.values() for runs in per.values() for r in runs})
     report = {
         "benchmark": "one GRPO step, lit-credit vs TRL GRPOTrainer, embedded tiny policy, arith task",
         "command": "benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": round(time.time() - t0, 1),
         "protocol": {"warmup_steps": ns.warmup, "measured_steps_per_run": ns.steps, "repeats": ns.repeats,
-                     "order": "interleaved per setting: lit, trl, then trl, lit, ...; each run its own process",
+                     "order": "interleaved per setting: lit, trl, then trl, lit, ...; each run its own "
+                              "process",
                      "prompts_per_step": 16, "group_size": 8, "completions_per_step": 128,
-                     "step_time": "wall time between consecutive step ends (Lightning on_train_batch_end / HF "
-                                  "on_step_end); CPU s/step: process CPU time (all threads) over the same interval",
+                     "step_time": "wall time between consecutive step ends (Lightning on_train_batch_end / "
+                                  "HF on_step_end); CPU s/step: process CPU time (all threads) over the same "
+                                  "interval",
                      "torch_threads": ns.threads or "torch default",
-                     "peak_rss": "ru_maxrss of the child (whole process); train peak: after resetting the peak "
-                                 "(/proc/self/clear_refs) just before fit/train"},
+                     "peak_rss": "ru_maxrss of the child (whole process); train peak: after resetting the "
+                                 "peak (/proc/self/clear_refs) just before fit/train"},
         "settings": settings, "machine": machine_info(), "load_average_1_5_15": load,
         "embedded_policy": dirs["_embedded"].replace(str(ROOT) + "/", ""),
+        "library_digests": digests,  # more than one: lit-credit's sources changed during the run
         "results": results, "differences": DIFFERENCES,
         "raw": raw,
     }
     out = ns.json
     out.write_text(json.dumps(report, indent=2) + "\n")
     m = report["machine"]
-    print(f"\n## One GRPO step: lit-credit vs TRL {m['versions']['trl']} ({m['cpu']}, {m['affinity_cpus']} CPUs, "
-          f"torch {m['versions']['torch']}, {results[settings[0]['name']]['lit']['torch_threads']} threads)\n")
+    threads = results[settings[0]["name"]]["lit"]["torch_threads"]
+    print(f"\n## One GRPO step: lit-credit vs TRL {m['versions']['trl']} ({m['cpu']}, {m['affinity_cpus']} "
+          f"CPUs, torch {m['versions']['torch']}, {threads} threads)\n")
     print(f"16 prompts x 8 completions per step, {ns.warmup} warm-up + {ns.steps} measured steps per run, "
-          f"{ns.repeats} runs per framework interleaved; load average {load[0][0]:.2f} -> {load[-1][0]:.2f}\n")
+          f"{ns.repeats} runs per framework interleaved; load average {load[0][0]:.2f} -> "
+          f"{load[-1][0]:.2f}\n")
     print(table(results, settings))
+    if len(digests) > 1:
+        print(f"\nWARNING: lit-credit's sources changed during the run ({len(digests)} versions): rerun.")
     print("\n### Remaining differences between the two set-ups\n")
     print("\n".join(f"- {d}" for d in DIFFERENCES))
     print(f"\nwritten: {out}")
@@ -486,15 +552,15 @@ def parent(ns: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--settings", default="eos8,fixed64", help="comma list of eosN / fixedN (default eos8,fixed64)")
+    p.add_argument("--settings", default="eos8,fixed64", help="comma list of eosN / fixedN")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10, help="measured steps per run")
     p.add_argument("--repeats", type=int, default=2, help="runs per framework and setting, interleaved")
-    p.add_argument("--profile", choices=FRAMEWORKS, help="one cProfiled run of this framework instead (.prof in "
-                                                         "benchmarks/results/); prints the top functions")
+    p.add_argument("--profile", choices=FRAMEWORKS, help="one run of this framework instead, cProfiled over "
+                   "the measured steps (.prof in benchmarks/results/, git-ignored); prints the top functions")
     p.add_argument("--profile-top", type=int, default=30)
     p.add_argument("--json", type=Path, default=RESULTS / "grpo_step.json", help="where to write the results")
-    p.add_argument("--threads", type=int, help="torch.set_num_threads in both children (default: torch's own)")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads in both children (default: torch's)")
     # internal: one child run
     p.add_argument("--child", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     p.add_argument("--setting", help=argparse.SUPPRESS)
@@ -504,8 +570,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile-out", type=Path, help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     if ns.child:
-        run_child(ns.child, parse_setting(ns.setting), ns.total_steps, ns.model_dir, ns.out, ns.profile_out,
-                  ns.threads)
+        run_child(ns.child, parse_setting(ns.setting), ns.total_steps, ns.warmup, ns.model_dir, ns.out,
+                  ns.profile_out, ns.threads)
     else:
         parent(ns)
 

@@ -9,10 +9,13 @@ from torch import Tensor
 
 
 def _forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``logp = z[token] - logsumexp(z)`` (no [B, T, V] log-softmax kept for backward) and the entropy
+    ``H = logsumexp(z) - sum softmax(z) z``, a diagnostic computed without a graph."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    logp_all = logits.log_softmax(-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    lse = logits.logsumexp(-1)
+    logp = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - lse
+    with torch.no_grad():
+        entropy = lse - (logits.softmax(-1) * logits).sum(-1)
     return F.pad(logp, (1, 0)), F.pad(entropy, (1, 0))
 
 
@@ -37,7 +40,8 @@ def length_buckets(attention_mask: Tensor, token_budget: int) -> list[tuple[Tens
 
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
                    token_budget: int | None = None) -> tuple[Tensor, Tensor]:
-    """``logp[b, t] = log pi(input_ids[b, t] | input_ids[b, :t])`` and the entropy of that distribution.
+    """``logp[b, t] = log pi(input_ids[b, t] | input_ids[b, :t])`` and the entropy of that distribution (a
+    diagnostic: no gradient flows through it).
 
     Shape: input_ids, attention_mask [B, T] (right-padded) -> logp [B, T], entropy [B, T]; position 0 (no
     context) and padding are 0. Computed in float32 whatever the model dtype. With ``token_budget`` the rows
