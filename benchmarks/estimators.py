@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -36,7 +35,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import loop_reference as loop
-from benchmarks.machine import machine
+from benchmarks.machine import machine, write_results
 from lit_credit import credit
 from lit_credit.types import RolloutBatch
 
@@ -342,7 +341,6 @@ def main(argv: list[str] | None = None) -> dict:
           f"{FLOOR_TARGET:.0f}x (floor = one torch.where(response_mask.bool(), x, 0) pass over [B, T]). "
           f"Total {elapsed:.0f} s.")
     report = {
-        "machine": info,
         "settings": {"repeats": args.repeats, "warmup": 1, "loop_repeats": min(args.repeats, 3),
                      "budget_s": BUDGET_S, "loop_rows": args.loop_rows, "skip_slow_loop": args.skip_slow_loop,
                      "group_size": GROUP_SIZE, "turns": TURNS, "alternatives": ALTERNATIVES, "top_l": TOP_L,
@@ -351,8 +349,7 @@ def main(argv: list[str] | None = None) -> dict:
         "elapsed_s": elapsed,
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_results(args.out, report)
     print(f"wrote {args.out}")
     return report
 

@@ -36,7 +36,6 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import re
 import resource
 import shutil
@@ -47,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.machine import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -412,32 +413,6 @@ def summarise(runs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     }
 
 
-def machine_info() -> dict[str, Any]:
-    import importlib.metadata as md
-
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
-    mem = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1)) // 1024
-    versions = {}
-    packages = ("torch", "transformers", "trl", "accelerate", "datasets", "lightning", "hydra-core",
-                "lit-credit")
-    for pkg in packages:
-        try:
-            versions[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            versions[pkg] = None
-
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    modified = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "affinity_cpus": len(os.sched_getaffinity(0)),
-            "mem_total_mib": mem, "platform": platform.platform(), "python": platform.python_version(),
-            "versions": versions, "git_commit": git("rev-parse", "HEAD"),
-            "git_modified_library_files": [
-                f for f in modified if f.startswith(("lit_credit/", "data_modules/", "callbacks/", "conf/"))]}
-
-
 def table(results: dict[str, Any], settings: list[dict[str, Any]]) -> str:
     head = ("| setting | framework | s/step median | per-run medians | s/step min | ratio TRL/lit "
             "| CPU s/step | CPU ratio | gen tokens/step | completion len | tokens/s | ms/token | generate s "
@@ -527,17 +502,16 @@ def parent(ns: argparse.Namespace) -> None:
                      "torch_threads": ns.threads or "torch default",
                      "peak_rss": "ru_maxrss of the child (whole process); train peak: after resetting the "
                                  "peak (/proc/self/clear_refs) just before fit/train"},
-        "settings": settings, "machine": machine_info(), "load_average_1_5_15": load,
+        "settings": settings, "load_average_1_5_15": load,
         "embedded_policy": dirs["_embedded"].replace(str(ROOT) + "/", ""),
         "library_digests": digests,  # more than one: lit-credit's sources changed during the run
         "results": results, "differences": DIFFERENCES,
         "raw": raw,
     }
-    out = ns.json
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    m = report["machine"]
+    out = write_results(ns.json, report)
+    m = json.loads(out.read_text())["machine"]
     threads = results[settings[0]["name"]]["lit"]["torch_threads"]
-    print(f"\n## One GRPO step: lit-credit vs TRL {m['versions']['trl']} ({m['cpu']}, {m['affinity_cpus']} "
+    print(f"\n## One GRPO step: lit-credit vs TRL {m['versions']['trl']} ({m['cpu_model']}, {m['cores']} "
           f"CPUs, torch {m['versions']['torch']}, {threads} threads)\n")
     print(f"16 prompts x 8 completions per step, {ns.warmup} warm-up + {ns.steps} measured steps per run, "
           f"{ns.repeats} runs per framework interleaved; load average {load[0][0]:.2f} -> "

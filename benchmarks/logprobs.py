@@ -16,12 +16,11 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from benchmarks.machine import machine
+from benchmarks.machine import write_results
 from lit_credit.models.logprobs import token_logprobs
 
 
@@ -92,9 +91,7 @@ def main() -> None:
         print(f"| {name} | {r['median_s']:.2f} | {r['peak_rss_mib']:.0f} |")
     print(f"\nspeed-up {before['median_s'] / after['median_s']:.2f}x, peak memory "
           f"{after['peak_rss_mib'] / before['peak_rss_mib']:.2f}x of the padded pass")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": machine(), "args": vars(args) | {"variant": None}, **results}, indent=1))
+    write_results(args.out, {"args": vars(args) | {"variant": None}, **results})
 
 
 if __name__ == "__main__":

