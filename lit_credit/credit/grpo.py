@@ -35,12 +35,13 @@ def group_stats(
     low = x.new_full((uniq.numel(),), float("inf")).scatter_reduce_(
         0, inv, x.masked_fill(~p, float("inf")), "amin"
     )
-    shifted = torch.where(p, x - low[inv], 0)
+    shifted = torch.where(p, x - low.index_select(0, inv), 0)
     count = zeros.index_add(0, inv, p.to(x.dtype))
     mean = zeros.index_add(0, inv, shifted) / count.clamp_min(1)
-    centred = torch.where(p, shifted - mean[inv], 0)
+    centred = torch.where(p, shifted - mean.index_select(0, inv), 0)
     var = zeros.index_add(0, inv, centred * centred) / (count - int(unbiased)).clamp_min(1)
-    return centred.reshape(shape), var.sqrt()[inv].reshape(shape), count[inv].reshape(shape)
+    spread = torch.stack([var.sqrt(), count], 1).index_select(0, inv)
+    return centred.reshape(shape), spread[:, 0].reshape(shape), spread[:, 1].reshape(shape)
 
 
 def group_normalize(
@@ -67,38 +68,76 @@ def group_normalize(
     return torch.where(count >= 2, adv, 0)
 
 
-def token_metrics(advantages: Tensor, mask: Tensor, prefix: str = "credit/") -> dict[str, float]:
-    """``{prefix}adv_mean``, ``adv_std`` (population), ``adv_abs_max`` over the tokens where ``mask``."""
-    a = advantages.reshape(-1)[mask.reshape(-1).bool()]  # 1-D: one index per token, not (row, col) pairs
-    if a.numel() == 0:
+BLOCK_TOKENS = 1 << 18
+
+
+def row_blocks(shape: torch.Size) -> list[slice]:
+    """Row slices of a [B, T] tensor, ``BLOCK_TOKENS // T`` rows (at least 1) each. Token passes with
+    integer temporaries (gather indices, positions) run block by block, so a temporary stays in cache and
+    the allocator recycles it, where a whole-batch one faults in fresh pages on every call (a loop over
+    ``B * T / BLOCK_TOKENS`` blocks, not over rollouts)."""
+    step = max(1, BLOCK_TOKENS // max(1, shape[1]))
+    return [slice(start, start + step) for start in range(0, shape[0], step)]
+
+
+def segment_moments(values: Tensor, counts: Tensor) -> Tensor:
+    """``[N, sum n v, sum n v^2, max_{n > 0} |v|]`` (float64) of tokens constant on segments: segment j of
+    row i holds ``n = counts[i, j]`` tokens equal to ``v = values[i, j]``.
+
+    Shape:
+        values, counts: [B] or [B, S], the same. Output: [4].
+    """
+    v, n = values.double().reshape(-1), counts.double().reshape(-1)
+    nv = n * v
+    top = torch.where(n > 0, v.abs(), 0).max() if v.numel() else v.new_zeros(())
+    return torch.stack([n.sum(), nv.sum(), (nv * v).sum(), top])
+
+
+def token_moments(tokens: Tensor, n_tokens: Tensor | float) -> Tensor:
+    """:func:`segment_moments` of ``n_tokens`` counted tokens from a [B, T] tensor that is 0 on every token
+    not counted, so whole-tensor sums are sums over the counted ones: three reads, no temporary."""
+    flat = tokens.reshape(-1)
+    if flat.numel() == 0:
+        return torch.zeros(4, dtype=torch.float64)
+    low, high = torch.aminmax(flat)
+    moments = [torch.as_tensor(n_tokens), flat.sum(), torch.dot(flat, flat), torch.maximum(-low, high)]
+    return torch.stack([m.reshape(()).double() for m in moments])
+
+
+def label_moments(values: Tensor, labels: Tensor, n_labels: int) -> Tensor:
+    """:func:`segment_moments` of the values carrying each label, one bincount per moment: row l holds
+    ``[#{label = l}, sum v, sum v^2, max |v|]`` over the values with label l.
+
+    Shape:
+        values: any shape, labels: the same, long in [0, n_labels). Output: [n_labels, 4] float64.
+    """
+    v, lab = values.double().reshape(-1), labels.reshape(-1)
+    top = v.new_zeros(n_labels).scatter_reduce_(0, lab, v.abs(), "amax")
+    sums = [torch.bincount(lab, w, minlength=n_labels) for w in (None, v, v * v)]
+    return torch.stack([*[x.double() for x in sums], top], 1)
+
+
+def merge_moments(*moments: Tensor) -> Tensor:
+    """Moments of the union of disjoint token sets."""
+    m = torch.stack(moments)
+    return torch.cat([m[:, :3].sum(0), m[:, 3].max(0, keepdim=True).values])
+
+
+def moment_metrics(moments: Tensor, prefix: str = "credit/") -> dict[str, float]:
+    """``{prefix}adv_mean = S1 / N``, ``adv_std = sqrt(S2 / N - mean^2)`` (population),
+    ``adv_abs_max``, from ``[N, S1, S2, max |a|]``; all 0 when ``N = 0``."""
+    n, s1, s2, top = moments.tolist()
+    if n == 0:
         return {f"{prefix}adv_mean": 0.0, f"{prefix}adv_std": 0.0, f"{prefix}adv_abs_max": 0.0}
-    return {
-        f"{prefix}adv_mean": a.mean().item(),
-        f"{prefix}adv_std": a.std(correction=0).item(),
-        f"{prefix}adv_abs_max": a.abs().max().item(),
-    }
+    mean = s1 / n
+    return {f"{prefix}adv_mean": mean, f"{prefix}adv_std": max(s2 / n - mean * mean, 0.0) ** 0.5,
+            f"{prefix}adv_abs_max": top}
 
 
 def segment_metrics(values: Tensor, counts: Tensor, prefix: str = "credit/") -> dict[str, float]:
-    """:func:`token_metrics` of tokens constant on segments, from the segment values, without [B, T] work.
-
-    Segment j of row i holds ``n_ij = counts[i, j]`` tokens all equal to ``v_ij = values[i, j]``; with
-    ``N = sum n``: ``adv_mean = sum n v / N``, ``adv_std = sqrt(sum n (v - mean)^2 / N)`` (population, two
-    passes in float64), ``adv_abs_max = max_{n > 0} |v|``; all 0 when ``N = 0``.
-
-    Shape:
-        values, counts: [B] or [B, S], the same.
-    """
-    v, n = values.double().reshape(-1), counts.double().reshape(-1)
-    total = n.sum()
-    if total == 0:
-        return {f"{prefix}adv_mean": 0.0, f"{prefix}adv_std": 0.0, f"{prefix}adv_abs_max": 0.0}
-    mean = (n * v).sum() / total
-    return {
-        f"{prefix}adv_mean": mean.item(),
-        f"{prefix}adv_std": ((n * (v - mean).square()).sum() / total).sqrt().item(),
-        f"{prefix}adv_abs_max": torch.where(n > 0, v.abs(), 0).max().item(),
-    }
+    """``{prefix}adv_mean|adv_std|adv_abs_max`` of tokens constant on segments (:func:`segment_moments`),
+    without [B, T] work."""
+    return moment_metrics(segment_moments(values, counts), prefix)
 
 
 def share(flags: Tensor) -> float:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_credit.credit.grpo import group_normalize, segment_metrics, zero_group_frac
+from lit_credit.credit.grpo import group_normalize, moment_metrics, token_moments, zero_group_frac
 from lit_credit.credit.registry import CreditEstimator, check_batch, register
+from lit_credit.credit.tcpo import turns_to_tokens
 from lit_credit.types import CreditOutput, RolloutBatch
 
 
@@ -29,24 +30,20 @@ def mt_grpo_advantages(
 ) -> CreditOutput:
     """``A_turn = Norm_{g(i)}(turn_score)`` (over rollouts with ``turn_present``), ``A_out =
     Norm_{g(i)}(outcome_score)``; tokens of turn 0 get ``A_out + c * A_turn``, tokens of turns >= 1 get
-    ``A_out``, tokens with ``turn_ids == -1`` or outside ``policy`` (default: all tokens) get 0.
+    ``A_out``, tokens with ``turn_ids == -1`` or outside ``policy`` (default: all tokens) get 0. Metrics:
+    ``credit/adv_*`` over the policy tokens (default: those with ``turn_ids >= 0``).
 
     Shape:
         turn_score, outcome_score, group_ids, turn_present (bool): [B]; turn_ids: [B, T] long, -1 off the
-        policy tokens; policy: [B, T] bool. Output advantages: [B, T]; ``parts["turn"]``,
+        policy tokens; policy: [B, T] bool or 0 / 1. Output advantages: [B, T]; ``parts["turn"]``,
         ``parts["outcome"]``: [B].
     """
     a_turn = group_normalize(turn_score, group_ids, turn_present, eps=eps, norm_by_std=norm_by_std)
     a_out = group_normalize(outcome_score, group_ids, eps=eps, norm_by_std=norm_by_std)
-    first, turn0, later = a_out + c * a_turn, turn_ids == 0, turn_ids > 0
-    if policy is not None:
-        turn0 &= policy
-        later &= policy
-    tokens = torch.where(later, a_out[:, None], 0)
-    torch.where(turn0, first[:, None], tokens, out=tokens)  # disjoint masks: one allocation
-    counts = torch.stack([turn0.sum(1, dtype=torch.float32), later.sum(1, dtype=torch.float32)], 1)
+    tokens = turns_to_tokens(torch.stack([a_out + c * a_turn, a_out], 1), turn_ids, policy, repeat_last=True)
+    counted = (turn_ids >= 0).sum() if policy is None else policy.sum()
     metrics = {
-        **segment_metrics(torch.stack([first, a_out], 1), counts),
+        **moment_metrics(token_moments(tokens, counted)),
         "credit/zero_variance_group_frac": zero_group_frac(a_out, group_ids),
         "credit/turn/zero_variance_group_frac": zero_group_frac(a_turn, group_ids),
     }
@@ -77,7 +74,7 @@ class MTGRPOCredit(CreditEstimator):
             batch.turn_ids,
             batch.group_ids,
             turn_present=batch.turn_mask[:, 0],
-            policy=batch.response_mask.bool(),
+            policy=batch.response_mask,
             c=self.c,
             eps=self.eps,
             norm_by_std=self.norm_by_std,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_credit.credit.grpo import group_normalize, segment_metrics, share, zero_group_frac
+from lit_credit.credit.grpo import group_normalize, row_blocks, segment_metrics, share, zero_group_frac
 from lit_credit.credit.registry import CreditEstimator, check_batch, register, require_parts
 from lit_credit.types import CreditOutput, RolloutBatch
 
@@ -32,22 +32,27 @@ def segment_masks(response_mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def segments(response_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`segment_masks` plus the per-row token counts ``(n_tool, n_sum)`` [B] float, without a
-    [B, T] count: the summary is one run ``[start, stop)``, so ``n_sum = stop - start`` (0 without runs)
-    and ``n_tool = sum_t response_mask - n_sum`` (``response_mask`` is 0 / 1)."""
+    """:func:`segment_masks` plus the per-row token counts ``(n_tool, n_sum)`` [B] float.
+
+    With positions counted from 1, ``p_start = max {p : run starts at p}`` and ``p_stop = max {p :
+    response_mask[p] = 1}`` (both 0 without runs); the summary is ``p >= p_start`` on the mask,
+    ``n_sum = p_stop - p_start + 1`` (0 without runs), ``n_tool = sum_t response_mask - n_sum``. Each max is
+    an ``amax`` of ``mask * p`` over a row block (:func:`~lit_credit.credit.grpo.row_blocks`)."""
     m = response_mask.bool()
     n = response_mask.sum(1, dtype=torch.float32)
     if m.shape[1] == 0:
         return m, m.clone(), n, n.clone()
-    starts = m & ~torch.cat([m.new_zeros(m.shape[0], 1), m[:, :-1]], 1)
-    # start of the last run = the first start of the reversed row (argmax takes the first maximum), its
-    # stop = T - (first learnable token of the reversed row); a row without runs gets (T - 1, T), harmless
-    # as its mask is empty and its count is zeroed
-    last = m.shape[1] - 1 - starts.view(torch.uint8).flip(1).argmax(1, keepdim=True)
-    stop = m.shape[1] - m.view(torch.uint8).flip(1).argmax(1)
-    summary = torch.arange(m.shape[1], device=m.device) >= last
-    summary &= m
-    n_sum = torch.where(n > 0, stop - last[:, 0], 0).to(n.dtype)
+    summary, n_sum = torch.empty_like(m), torch.empty_like(n)
+    pos = torch.arange(1, m.shape[1] + 1, dtype=torch.int32, device=m.device)
+    for rows in row_blocks(m.shape):
+        block = m[rows]
+        starts = block.clone()
+        starts[:, 1:] &= ~block[:, :-1]
+        start = (starts.view(torch.uint8) * pos).amax(1, keepdim=True)
+        stop = (block.view(torch.uint8) * pos).amax(1, keepdim=True)
+        torch.ge(pos, start, out=summary[rows])
+        summary[rows] &= block
+        n_sum[rows] = torch.where(stop > 0, stop - start + 1, 0)[:, 0]
     return m ^ summary, summary, n - n_sum, n_sum  # summary is a subset of m
 
 

@@ -12,7 +12,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_credit.credit.grpo import group_normalize, segment_metrics, share, zero_group_frac
+from lit_credit.credit.grpo import (
+    group_normalize,
+    merge_moments,
+    moment_metrics,
+    segment_moments,
+    share,
+    token_moments,
+    zero_group_frac,
+)
 from lit_credit.credit.registry import check_batch, register, require_parts
 from lit_credit.credit.slca import omission_checks, omission_guard, segments
 from lit_credit.credit.tcpo import (
@@ -20,10 +28,9 @@ from lit_credit.credit.tcpo import (
     Preset,
     TCPOCredit,
     alt_scores_check,
-    spread_turns,
     tcpo_turn_advantages,
     turn_credit_metrics,
-    turn_token_counts,
+    turns_to_tokens,
 )
 from lit_credit.types import CreditOutput, RolloutBatch
 
@@ -92,21 +99,14 @@ def slca_tcpo_advantages(
         s_turn, mask, group_ids, preset=preset, normalize=normalize, alt_scores=alt_scores, cf_mask=cf_mask,
         w_retro=w_retro, w_hind=w_hind, w_cf=w_cf, tau=tau, mu=mu, rho=rho, r0=r0, eps=eps,
     )
-    n_turns = a_turn.shape[1]
-    on_turn = (turn_ids >= 0) & (turn_ids < n_turns)  # the summary turn may lie past K
-    on_turn &= tool_mask
-    index = torch.where(on_turn, turn_ids, n_turns)  # tool tokens off the K turns get 0
-    tokens = spread_turns(a_turn, index)
+    tokens = turns_to_tokens(a_turn, turn_ids, tool_mask)  # tool tokens off the K turns get 0
+    tool = token_moments(tokens, n_tool.sum())
+    summary = segment_moments(a_sum, n_sum)
     torch.where(summary_mask, a_sum[:, None], tokens, out=tokens)
-    per_turn = turn_token_counts(index, n_turns)
-    # segments: the K tool turns, the tool tokens off them (value 0), the summary
-    values = torch.cat([a_turn, a_turn.new_zeros(len(a_turn), 1), a_sum[:, None]], 1)
-    counts = torch.cat([per_turn, (n_tool - per_turn.sum(1))[:, None], n_sum[:, None]], 1)
-    tool_values, tool_counts = values[:, :-1], counts[:, :-1]
     metrics = {
-        **segment_metrics(values, counts),
-        **segment_metrics(tool_values, tool_counts, "credit/tool/"),
-        **segment_metrics(a_sum, n_sum, "credit/summary/"),
+        **moment_metrics(merge_moments(tool, summary)),
+        **moment_metrics(tool, "credit/tool/"),
+        **moment_metrics(summary, "credit/summary/"),
         "credit/omission_frac": 0.0 if omitted is None else share(omitted),
         "credit/tool_present_frac": share(mask.any(1)),
         "credit/tool_turns": mask.sum(1).float().mean().item(),

@@ -13,7 +13,14 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
-from lit_credit.credit.grpo import group_normalize, group_stats, segment_metrics, share, token_metrics
+from lit_credit.credit.grpo import (
+    group_normalize,
+    group_stats,
+    label_moments,
+    moment_metrics,
+    row_blocks,
+    token_moments,
+)
 from lit_credit.credit.registry import CreditEstimator, check_batch, register
 from lit_credit.types import CreditOutput, RolloutBatch
 
@@ -202,34 +209,31 @@ def tcpo_turn_advantages(
     return torch.where(mask, c, 0)
 
 
-def turns_to_tokens(turn_values: Tensor, turn_ids: Tensor) -> Tensor:
-    """Every token of turn k gets ``turn_values[i, k]``; tokens with ``turn_ids == -1`` (prompt, feedback,
-    padding) get 0.
+def turns_to_tokens(
+    turn_values: Tensor, turn_ids: Tensor, on: Tensor | None = None, *, repeat_last: bool = False
+) -> Tensor:
+    """Every token of turn k gets ``turn_values[i, k]``: ``out[i, t] = turn_values[i, turn_ids[i, t]]``
+    where ``0 <= turn_ids[i, t] < K`` and ``on[i, t]`` (default: everywhere); tokens with an id >= K get
+    ``turn_values[i, K - 1]`` when ``repeat_last``, else 0; tokens off ``on`` or with id -1 (prompt,
+    feedback, padding) get 0.
+
+    One gather per row block (:func:`~lit_credit.credit.grpo.row_blocks`) from the table
+    ``[0 | turn_values | last or 0]`` at ``clamp(turn_ids + 1, 0, K + 1) * on``.
 
     Shape:
-        turn_values: [B, K], turn_ids: [B, T] long in [-1, K). Output: [B, T].
+        turn_values: [B, K], turn_ids: [B, T] long, on: [B, T] bool or 0 / 1. Output: [B, T].
     """
-    return spread_turns(turn_values, torch.where(turn_ids >= 0, turn_ids, turn_values.shape[1]))
-
-
-def spread_turns(turn_values: Tensor, index: Tensor) -> Tensor:
-    """``[turn_values | 0][i, index[i, t]]``: column K of the zero-padded table is the 0 of tokens off the
-    turns, so one gather writes the output (no clamp, no fill).
-
-    Shape:
-        turn_values: [B, K], index: [B, T] long in [0, K]. Output: [B, T].
-    """
-    return torch.cat([turn_values, turn_values.new_zeros(len(turn_values), 1)], 1).gather(1, index)
-
-
-def turn_token_counts(index: Tensor, n_turns: int) -> Tensor:
-    """Tokens per (rollout, turn) of a :func:`spread_turns` index: ``n[i, k] = #{t: index[i, t] = k}``.
-
-    Shape:
-        index: [B, T] long in [0, K]. Output: [B, K] float.
-    """
-    ones = torch.ones((), dtype=torch.float32, device=index.device).expand(index.shape)
-    return torch.zeros(len(index), n_turns + 1, device=index.device).scatter_add_(1, index, ones)[:, :n_turns]
+    b, k = turn_values.shape
+    zeros = turn_values.new_zeros(b, 1)
+    table = torch.cat([zeros, turn_values, turn_values[:, -1:] if repeat_last and k else zeros], 1)
+    out = turn_values.new_empty(turn_ids.shape)
+    for rows in row_blocks(turn_ids.shape):
+        index = turn_ids[rows] + 1
+        index.clamp_(0, k + 1)
+        if on is not None:
+            index.mul_(on[rows].bool())
+        torch.gather(table[rows], 1, index, out=out[rows])
+    return out
 
 
 def turn_types(scores: Tensor, turn_mask: Tensor, *, tau: float = 1.0, r0: float = 0.0) -> Tensor:
@@ -251,17 +255,19 @@ def turn_types(scores: Tensor, turn_mask: Tensor, *, tau: float = 1.0, r0: float
 
 def turn_credit_metrics(adv: Tensor, scores: Tensor, turn_mask: Tensor, tau: float, r0: float) -> dict[str, float]:
     """Turn credit by kind and by index: ``credit/turn_type/{flat,improve,maintain,regress}/{adv_mean,
-    adv_std,adv_abs_max,frac}`` over reached turns (:func:`turn_types`) and ``credit/turn/{k}/adv_mean``.
+    adv_std,adv_abs_max,frac}`` over reached turns (:func:`turn_types`; ``frac`` = the kind's share of the
+    reached turns) and ``credit/turn/{k}/adv_mean``.
 
     Shape:
         adv, scores: [B, K] float, turn_mask: [B, K] bool.
     """
     mask = turn_mask.bool()
-    kinds = turn_types(scores, mask, tau=tau, r0=r0)
+    by_kind = label_moments(adv, turn_types(scores, mask, tau=tau, r0=r0) + 1, len(TURN_TYPES) + 1)[1:]
+    reached = max(by_kind[:, 0].sum().item(), 1.0)
     metrics: dict[str, float] = {}
-    for k, name in enumerate(TURN_TYPES):
-        metrics |= token_metrics(adv, kinds == k, f"credit/turn_type/{name}/")
-        metrics[f"credit/turn_type/{name}/frac"] = share(kinds[mask] == k)
+    for name, moments in zip(TURN_TYPES, by_kind):
+        metrics |= moment_metrics(moments, f"credit/turn_type/{name}/")
+        metrics[f"credit/turn_type/{name}/frac"] = moments[0].item() / reached
     by_index = (torch.where(mask, adv, 0).sum(0) / mask.sum(0).clamp_min(1)).tolist()
     return metrics | {f"credit/turn/{k}/adv_mean": v for k, v in enumerate(by_index)}
 
@@ -280,7 +286,7 @@ class TCPOCredit(CreditEstimator):
     Reads ``batch.turn_scores``, ``turn_mask``, ``turn_ids``, ``group_ids`` and the optional
     ``reward_parts["alt_scores"]`` ([B, K, M]) and ``reward_parts["cf_mask"]`` ([B, K]).
     ``parts["turn"]`` holds A [B, K]; turn ids are read only on the response mask (tokens with
-    ``response_mask == 0`` get 0). Metrics: ``credit/adv_*`` over tokens,
+    ``response_mask == 0`` get 0). Metrics: ``credit/adv_*`` over the learnable tokens,
     ``credit/turn_type/{flat,improve,maintain,regress}/{adv_mean,adv_std,adv_abs_max,frac}`` over reached
     turns (see :func:`turn_types`) and
     ``credit/turn/{k}/adv_mean`` by turn index.
@@ -334,10 +340,7 @@ class TCPOCredit(CreditEstimator):
             cf_mask=parts.get("cf_mask"),
             **vars(self),
         )
-        policy = batch.response_mask.bool()
-        policy &= batch.turn_ids >= 0
-        index = torch.where(policy, batch.turn_ids, adv.shape[1])
-        tokens = spread_turns(adv, index)
-        metrics = segment_metrics(adv, turn_token_counts(index, adv.shape[1]))
+        tokens = turns_to_tokens(adv, batch.turn_ids, batch.response_mask)
+        metrics = moment_metrics(token_moments(tokens, batch.response_mask.sum()))
         metrics |= turn_credit_metrics(adv, scores, mask, self.tau, self.r0)
         return CreditOutput(tokens, {"turn": adv}, metrics)
