@@ -58,13 +58,17 @@ NAMES = {"lit": "lit-credit", "trl": "TRL"}
 DIFFERENCES = [
     "Generation: both call HF `model.generate` (KV cache, sampling, temperature 1, top_p 1, top_k 0) on all "
     "128 rows in one batch; lit-credit also asks for `output_logits=True, return_dict_in_generate=True` and "
-    "log-softmaxes them into behaviour log-probs (its engine/trainer log-prob-gap check); TRL does not.",
+    "turns them into behaviour log-probs in place (its engine/trainer log-prob-gap check); TRL does not.",
     "Log-probs: lit-credit's `token_logprobs` (lit_credit/models/logprobs.py) works on the full-vocabulary "
     "[B, T, V] float32 logits of each micro-batch (rows sorted by length, at most "
     "method.logprob_token_budget = 16384 tokens: one micro-batch here) and keeps what its backward needs at "
     "that size; TRL patches the model with its chunked fused LM head (`add_fused_lm_head`: log-probs and "
     "entropy chunk by chunk, logits recomputed in backward; on CPU it scores every position, then keeps the "
-    "completion ones). Both compute the per-token entropy, also in the reference pass.",
+    "completion ones). TRL computes the per-token entropy in the reference pass too; lit-credit only in the "
+    "policy pass, and takes reference log-probs in place (no [B, T, V] temporary beyond the logits).",
+    "Host memory: lit-credit hands freed heap pages back to the OS (glibc malloc_trim) after the rollout and "
+    "after the reference pass, so memory the earlier phases freed does not stay resident through the "
+    "update; TRL does not.",
     "Padding: lit-credit right-pads prompt + completion as one sequence; TRL left-pads prompts and right-pads"
     " completions (same token content; arithmetic prompts all have the same length here).",
     "Reference model: lit-credit deep-copies the loaded policy; TRL loads a second copy from the same "

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from lit_credit.models import EmbeddedPolicy, PolicySource, build_tokenizer, token_logprobs
-from lit_credit.models.logprobs import length_buckets
+from lit_credit.models.logprobs import length_buckets, picked_logprobs_
 from lit_credit.models.sft import encode_demonstration
 from lit_credit.models.tokenizer import TOOLS_INSTRUCTION, tool_signature
 from lit_credit.rollout import ChatCodec
@@ -95,6 +95,26 @@ def test_token_logprobs_match_a_manual_log_softmax():
     p = logits[0].softmax(-1)
     torch.testing.assert_close(entropy[0, 1], -(p * p.log()).sum(), rtol=1e-5, atol=1e-6)
     assert entropy[0, 0] == 0
+
+
+def test_logprobs_without_gradient_or_entropy_consume_the_logits_in_place_and_agree():
+    # reference / old-policy log-probs: no graph, no entropy -> z[token] - logsumexp(z) taken in place
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+    mask = (torch.arange(9) < torch.tensor([9, 4, 6])[:, None]).long()
+    ids = torch.randint(1, 50, (3, 9)) * mask
+    with_grad, entropy = token_logprobs(model, ids, mask, token_budget=16)
+    with torch.no_grad():
+        plain, none = token_logprobs(model, ids, mask, token_budget=16, entropy=False)
+    assert none is None and entropy is not None and not plain.requires_grad
+    torch.testing.assert_close(plain, with_grad.detach(), rtol=0, atol=1e-6)
+    # the in-place helper runs the same operations as torch.logsumexp: bitwise equal, logits overwritten
+    z = torch.randn(2, 3, 50) * 4
+    tokens = torch.randint(0, 50, (2, 3))
+    want = z.gather(-1, tokens[..., None]).squeeze(-1) - z.logsumexp(-1)
+    consumed = z.clone()
+    assert torch.equal(picked_logprobs_(consumed, tokens), want) and not torch.equal(consumed, z)
 
 
 def test_text_generator_is_greedy_decoding_of_a_local_model_and_drives_an_llm_judge(tmp_path):

@@ -299,7 +299,7 @@ class DPAGRPOModule(GRPOModule):
         credit = (self.credit if pairs else self.group_credit)(batch)
         self.credit_trace.append(CreditTrace(source, batch, credit.advantages, cases))
         ref = self.reference_logprobs(batch)
-        logp, _ = self._logprobs(self.policy, batch)
+        logp = self._logprobs(self.policy, batch)[0]
         mask = batch.response_mask
         bonus = batch.reward_parts.get("adv_bonus", torch.zeros(len(batch), device=self.device))
         advantages = credit.advantages + bonus[:, None] * mask

@@ -14,6 +14,7 @@ from lit_credit.analysis.records import credit_leakage
 from lit_credit.checkpoint import capture_rng, restore_rng
 from lit_credit.credit.registry import CreditEstimator
 from lit_credit.losses import PolicyLoss, masked_mean
+from lit_credit.memory import trim_host_memory
 from lit_credit.models.logprobs import token_logprobs
 from lit_credit.models.policy import PolicySource, is_peft
 from lit_credit.types import CreditTrace, RolloutBatch
@@ -110,8 +111,12 @@ class GRPOModule(L.LightningModule):
             restore_rng(self._resume_rng, self, self.trainer.datamodule)
             self._resume_rng = None
 
-    def _logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs(model, batch.input_ids, batch.attention_mask, self.logprob_token_budget)
+    def _logprobs(
+        self, model: torch.nn.Module, batch: RolloutBatch, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[B, T] log-probs under ``model`` and, with ``entropy``, the entropy (else None)."""
+        return token_logprobs(model, batch.input_ids, batch.attention_mask, self.logprob_token_budget,
+                              entropy=entropy)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
@@ -128,6 +133,7 @@ class GRPOModule(L.LightningModule):
         start = time.perf_counter()
         self.rollouts.bind(self.policy, self.tokenizer)
         batch = self.rollouts.generate_experience(rows).to(self.device)
+        trim_host_memory()
         generation_s = self.rollouts.last_generation_s
         logs = {**self.rollout_metrics(batch, "train"), **self.rollouts.backend_counts.take(),
                 "perf/generation_s": generation_s,
@@ -149,6 +155,7 @@ class GRPOModule(L.LightningModule):
         with torch.no_grad():
             old_logp = None if single_update else self._logprobs(self.policy, batch)[0]
             ref_logp = self.reference_logprobs(batch)
+        trim_host_memory()
         credit = self.credit(batch)
         advantages, mask = credit.advantages, batch.response_mask
         self.credit_trace = [CreditTrace("policy", batch, advantages)]
@@ -165,7 +172,7 @@ class GRPOModule(L.LightningModule):
             order = torch.randperm(len(batch), device=self.device)
             for idx in order.chunk(self.num_minibatches):
                 mb = batch.select(idx)
-                logp, ent = self._logprobs(self.policy, mb)
+                logp, ent = self._logprobs(self.policy, mb, entropy=True)
                 old = logp.detach() if single_update else old_logp[idx]
                 loss, metrics = self.loss(logp, old, advantages[idx], mask[idx],
                                           ref_logp[idx] if ref_logp is not None else None)

@@ -62,7 +62,7 @@ class SLCAGRPOModule(GRPOModule):
         if not self.grad_cosine_every or self.global_step % self.grad_cosine_every:
             return {}
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        logp, _ = self._logprobs(self.policy, batch)
+        logp = self._logprobs(self.policy, batch)[0]
         grads = []
         for segment in segment_masks(batch.response_mask):
             mask = batch.response_mask * segment

@@ -8,15 +8,38 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def _forward(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """``logp = z[token] - logsumexp(z)`` (no [B, T, V] log-softmax kept for backward) and the entropy
-    ``H = logsumexp(z) - sum softmax(z) z``, a diagnostic computed without a graph."""
+def _forward(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """``logp = z[token] - logsumexp(z)`` (no [B, T, V] log-softmax kept for backward) and, with
+    ``entropy``, ``H = logsumexp(z) - sum softmax(z) z``, a diagnostic computed without a graph. Without
+    gradient or entropy the logits are consumed in place (:func:`picked_logprobs_`)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    target = input_ids[:, 1:]
+    if not (entropy or torch.is_grad_enabled()):
+        return F.pad(picked_logprobs_(logits, target), (1, 0)), None
     lse = logits.logsumexp(-1)
-    logp = logits.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - lse
+    logp = logits.gather(-1, target[..., None]).squeeze(-1) - lse
+    if not entropy:
+        return F.pad(logp, (1, 0)), None
     with torch.no_grad():
-        entropy = lse - (logits.softmax(-1) * logits).sum(-1)
-    return F.pad(logp, (1, 0)), F.pad(entropy, (1, 0))
+        h = lse - (logits.softmax(-1) * logits).sum(-1)
+    return F.pad(logp, (1, 0)), F.pad(h, (1, 0))
+
+
+@torch.no_grad()
+def picked_logprobs_(logits: Tensor, tokens: Tensor) -> Tensor:
+    """``z[token] - logsumexp(z)`` over the last dim, overwriting ``logits``: the picked logits are gathered
+    first, then ``logsumexp = log sum exp(z - max z) + max z`` is taken in place, so no [..., V] temporary
+    is made (``torch.logsumexp`` allocates one; the operations are the same, so are the results).
+
+    Shape:
+        logits: [..., V] float (consumed), tokens: [...] long. Output: [...].
+    """
+    picked = logits.gather(-1, tokens[..., None]).squeeze(-1)
+    top = logits.amax(-1, keepdim=True)
+    top.masked_fill_(top.isinf(), 0)
+    return picked - logits.sub_(top).exp_().sum(-1).log_().add_(top.squeeze(-1))
 
 
 def length_buckets(attention_mask: Tensor, token_budget: int) -> list[tuple[Tensor, int]]:
@@ -39,23 +62,25 @@ def length_buckets(attention_mask: Tensor, token_budget: int) -> list[tuple[Tens
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                   token_budget: int | None = None) -> tuple[Tensor, Tensor]:
-    """``logp[b, t] = log pi(input_ids[b, t] | input_ids[b, :t])`` and the entropy of that distribution (a
-    diagnostic: no gradient flows through it).
+                   token_budget: int | None = None, *, entropy: bool = True) -> tuple[Tensor, Tensor | None]:
+    """``logp[b, t] = log pi(input_ids[b, t] | input_ids[b, :t])`` and, with ``entropy``, the entropy of that
+    distribution (a diagnostic: no gradient flows through it; None without ``entropy``).
 
     Shape: input_ids, attention_mask [B, T] (right-padded) -> logp [B, T], entropy [B, T]; position 0 (no
     context) and padding are 0. Computed in float32 whatever the model dtype. With ``token_budget`` the rows
     run in :func:`length_buckets` micro-batches, each cut to its longest row, so long multi-turn rollouts
     next to short ones do not pay for padding; the results equal the padded pass up to float rounding.
+    Without gradient and entropy (reference and old-policy log-probs) no [B, T, V] temporary is made beyond
+    the model's logits.
     """
     if token_budget is None:
-        return _forward(model, input_ids, attention_mask)
+        return _forward(model, input_ids, attention_mask, entropy)
     width = input_ids.shape[1]
     parts, rows = [], []
     for index, w in length_buckets(attention_mask, token_budget):
-        logp, entropy = _forward(model, input_ids[index, :w], attention_mask[index, :w])
-        parts.append(torch.stack([F.pad(logp, (0, width - w)), F.pad(entropy, (0, width - w))]))
+        outputs = _forward(model, input_ids[index, :w], attention_mask[index, :w], entropy)
+        parts.append(torch.stack([F.pad(x, (0, width - w)) for x in outputs if x is not None]))
         rows.append(index)
     inverse = torch.cat(rows).argsort()
     out = torch.cat(parts, dim=1)[:, inverse] * attention_mask.to(parts[0].dtype)
-    return out[0], out[1]
+    return out[0], out[1] if entropy else None

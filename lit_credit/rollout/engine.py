@@ -86,8 +86,10 @@ class HFEngine:
             )
         finally:
             model.train(was_training)
-        new = gen.sequences[:, width:].cpu()
-        logprobs = torch.stack(gen.logits, 1).float().log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        from lit_credit.models.logprobs import picked_logprobs_  # models imports this module
+
+        new = gen.sequences[:, width:]
+        logprobs = picked_logprobs_(torch.stack(gen.logits, 1).float(), new)
         return [self._completion(row, lp, sampling.stop) for row, lp in zip(new.tolist(), logprobs.tolist())]
 
     def _completion(self, tokens: list[int], logprobs: list[float], stop: tuple[str, ...]) -> Completion:
