@@ -66,9 +66,7 @@ DIFFERENCES = [
     "entropy chunk by chunk, logits recomputed in backward; on CPU it scores every position, then keeps the "
     "completion ones). TRL computes the per-token entropy in the reference pass too; lit-credit only in the "
     "policy pass, and takes reference log-probs in place (no [B, T, V] temporary beyond the logits).",
-    "Host memory: lit-credit hands freed heap pages back to the OS (glibc malloc_trim) after the rollout and "
-    "after the reference pass, so memory the earlier phases freed does not stay resident through the "
-    "update; TRL does not.",
+
     "Padding: lit-credit right-pads prompt + completion as one sequence; TRL left-pads prompts and right-pads"
     " completions (same token content; arithmetic prompts all have the same length here).",
     "Reference model: lit-credit deep-copies the loaded policy; TRL loads a second copy from the same "

@@ -14,7 +14,6 @@ from lit_credit.analysis.records import credit_leakage
 from lit_credit.checkpoint import capture_rng, restore_rng
 from lit_credit.credit.registry import CreditEstimator
 from lit_credit.losses import PolicyLoss, masked_mean
-from lit_credit.memory import trim_host_memory
 from lit_credit.models.logprobs import token_logprobs
 from lit_credit.models.policy import PolicySource, is_peft
 from lit_credit.types import CreditTrace, RolloutBatch
@@ -133,7 +132,6 @@ class GRPOModule(L.LightningModule):
         start = time.perf_counter()
         self.rollouts.bind(self.policy, self.tokenizer)
         batch = self.rollouts.generate_experience(rows).to(self.device)
-        trim_host_memory()
         generation_s = self.rollouts.last_generation_s
         logs = {**self.rollout_metrics(batch, "train"), **self.rollouts.backend_counts.take(),
                 "perf/generation_s": generation_s,
@@ -155,7 +153,6 @@ class GRPOModule(L.LightningModule):
         with torch.no_grad():
             old_logp = None if single_update else self._logprobs(self.policy, batch)[0]
             ref_logp = self.reference_logprobs(batch)
-        trim_host_memory()
         credit = self.credit(batch)
         advantages, mask = credit.advantages, batch.response_mask
         self.credit_trace = [CreditTrace("policy", batch, advantages)]
