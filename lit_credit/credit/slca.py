@@ -34,26 +34,27 @@ def segment_masks(response_mask: Tensor) -> tuple[Tensor, Tensor]:
 def segments(response_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`segment_masks` plus the per-row token counts ``(n_tool, n_sum)`` [B] float.
 
-    With positions counted from 1, ``p_start = max {p : run starts at p}`` and ``p_stop = max {p :
-    response_mask[p] = 1}`` (both 0 without runs); the summary is ``p >= p_start`` on the mask,
-    ``n_sum = p_stop - p_start + 1`` (0 without runs), ``n_tool = sum_t response_mask - n_sum``. Each max is
-    an ``amax`` of ``mask * p`` over a row block (:func:`~lit_credit.credit.grpo.row_blocks`)."""
-    m = response_mask.bool()
+    Per row block (:func:`~lit_credit.credit.grpo.row_blocks`), with positions counted from 1: a run
+    starts at p where ``m[p] > m[p - 1]`` (or p = 1 with ``m[1]``); the last run's start is
+    ``p_start = max(start * p)`` (0 without runs), the summary is ``m & (p >= p_start)``, the tool segment
+    ``m ^ summary``; ``n_sum`` counts the summary, ``n_tool = sum_t response_mask - n_sum``."""
     n = response_mask.sum(1, dtype=torch.float32)
-    if m.shape[1] == 0:
-        return m, m.clone(), n, n.clone()
-    summary, n_sum = torch.empty_like(m), torch.empty_like(n)
-    pos = torch.arange(1, m.shape[1] + 1, dtype=torch.int32, device=m.device)
-    for rows in row_blocks(m.shape):
-        block = m[rows]
-        starts = block.clone()
-        starts[:, 1:] &= ~block[:, :-1]
+    tool = torch.empty(response_mask.shape, dtype=torch.bool, device=response_mask.device)
+    summary, n_sum = torch.empty_like(tool), torch.zeros_like(n)
+    if tool.shape[1] == 0:
+        return tool, summary, n, n_sum
+    pos = torch.arange(1, tool.shape[1] + 1, dtype=torch.int32, device=tool.device)
+    for rows in row_blocks(tool.shape):
+        block = response_mask[rows].bool()
+        m, starts = block.view(torch.uint8), torch.empty_like(block)
+        starts[:, 0] = block[:, 0]
+        torch.gt(m[:, 1:], m[:, :-1], out=starts[:, 1:])
         start = (starts.view(torch.uint8) * pos).amax(1, keepdim=True)
-        stop = (block.view(torch.uint8) * pos).amax(1, keepdim=True)
         torch.ge(pos, start, out=summary[rows])
         summary[rows] &= block
-        n_sum[rows] = torch.where(stop > 0, stop - start + 1, 0)[:, 0]
-    return m ^ summary, summary, n - n_sum, n_sum  # summary is a subset of m
+        n_sum[rows] = summary[rows].view(torch.uint8).sum(1, dtype=torch.int32).to(n.dtype)
+        torch.bitwise_xor(block, summary[rows], out=tool[rows])
+    return tool, summary, n - n_sum, n_sum
 
 
 def omission_guard(
