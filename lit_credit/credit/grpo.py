@@ -98,9 +98,10 @@ def token_moments(tokens: Tensor, n_tokens: Tensor | float) -> Tensor:
     not counted, so whole-tensor sums are sums over the counted ones: three reads, no temporary."""
     flat = tokens.reshape(-1)
     if flat.numel() == 0:
-        return torch.zeros(4, dtype=torch.float64)
+        return flat.new_zeros(4, dtype=torch.float64)
     low, high = torch.aminmax(flat)
-    moments = [torch.as_tensor(n_tokens), flat.sum(), torch.dot(flat, flat), torch.maximum(-low, high)]
+    n = torch.as_tensor(n_tokens, device=flat.device)
+    moments = [n, flat.sum(), torch.dot(flat, flat), torch.maximum(-low, high)]
     return torch.stack([m.reshape(()).double() for m in moments])
 
 
