@@ -40,8 +40,8 @@ def group_stats(
     mean = zeros.index_add(0, inv, shifted) / count.clamp_min(1)
     centred = torch.where(p, shifted - mean.index_select(0, inv), 0)
     var = zeros.index_add(0, inv, centred * centred) / (count - int(unbiased)).clamp_min(1)
-    spread = torch.stack([var.sqrt(), count], 1).index_select(0, inv)
-    return centred.reshape(shape), spread[:, 0].reshape(shape), spread[:, 1].reshape(shape)
+    std, count = var.sqrt().index_select(0, inv), count.index_select(0, inv)
+    return centred.reshape(shape), std.reshape(shape), count.reshape(shape)
 
 
 def group_normalize(

@@ -45,15 +45,15 @@ def segments(response_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         return tool, summary, n, n_sum
     pos = torch.arange(1, tool.shape[1] + 1, dtype=torch.int32, device=tool.device)
     for rows in row_blocks(tool.shape):
-        block = response_mask[rows].bool()
+        block, last = response_mask[rows].bool(), summary[rows]
         m, starts = block.view(torch.uint8), torch.empty_like(block)
         starts[:, 0] = block[:, 0]
         torch.gt(m[:, 1:], m[:, :-1], out=starts[:, 1:])
         start = (starts.view(torch.uint8) * pos).amax(1, keepdim=True)
-        torch.ge(pos, start, out=summary[rows])
-        summary[rows] &= block
-        n_sum[rows] = summary[rows].view(torch.uint8).sum(1, dtype=torch.int32).to(n.dtype)
-        torch.bitwise_xor(block, summary[rows], out=tool[rows])
+        torch.ge(pos, start, out=last)
+        last &= block
+        n_sum[rows] = last.view(torch.uint8).sum(1, dtype=torch.int32).to(n.dtype)
+        torch.bitwise_xor(block, last, out=tool[rows])
     return tool, summary, n - n_sum, n_sum
 
 

@@ -20,11 +20,11 @@ def _forward(
         return F.pad(picked_logprobs_(logits, target), (1, 0)), None
     lse = logits.logsumexp(-1)
     logp = logits.gather(-1, target[..., None]).squeeze(-1) - lse
-    if not entropy:
-        return F.pad(logp, (1, 0)), None
-    with torch.no_grad():
-        h = lse - (logits.softmax(-1) * logits).sum(-1)
-    return F.pad(logp, (1, 0)), F.pad(h, (1, 0))
+    h = None
+    if entropy:
+        with torch.no_grad():
+            h = F.pad(lse - (logits.softmax(-1) * logits).sum(-1), (1, 0))
+    return F.pad(logp, (1, 0)), h
 
 
 @torch.no_grad()
