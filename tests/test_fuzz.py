@@ -83,8 +83,11 @@ def test_parse_tool_calls_never_raises(text, allowed):
     assert parsed.n_valid <= len(parsed.blocks) <= min(parsed.n_open, parsed.n_close)
     for block in parsed.blocks:
         assert block.valid == (block.reason == "") and (block.valid or block.reason in REASONS)
-        assert block.valid == bool(block.calls)
-    for call in parsed.calls:
+        # a valid block holds one call per item ([] is a valid block of none, as officially); an invalid one none
+        assert len(block.calls) == (len(block.items) if block.valid else 0)
+        assert [c for c, _ in block.items if c is not None] == [c for c, r in block.items if not r]
+    assert all(c in parsed.executed for c in parsed.calls)  # the environment executes every scored call
+    for call in parsed.executed:
         assert isinstance(call["name"], str) and isinstance(call["arguments"], dict)
         assert allowed != ALLOWED or call["name"] in ALLOWED
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lit_credit.methods import SLCAGRPOModule, SLCATCPOModule
-from lit_credit.methods.slca_grpo import step_exact_match
+from lit_credit.methods.slca_grpo import irrelevant_call_rates, step_exact_match
 from lit_credit.rewards.hierr import normalize_gold_calls
 from lit_credit.tasks.toolcall import tool_call_text
 from lit_credit.train import build
@@ -18,7 +18,7 @@ from tests.test_configs import TOOLCALL_SMALL
 def test_one_step_logs_success_exact_match_and_segment_gradient_cosine(experiment, make_cfg):
     cfg = make_cfg(f"experiment={experiment}", "debug=fdr", *TOOLCALL_SMALL, "data.max_turns=2",
                    "data.prompts_per_step=4", "data.sampling.n=4", "data.sampling.max_new_tokens=24",
-                   fast_task=False)
+                   "task.subsets={single:1,irrelevant:1}", fast_task=False)
     module, datamodule, trainer = build(cfg)
     assert isinstance(module, SLCAGRPOModule)
     assert type(module.credit).__name__ == {"slca_toolcall": "SLCACredit", "grpo_toolcall": "GRPOCredit"}[experiment]
@@ -28,14 +28,34 @@ def test_one_step_logs_success_exact_match_and_segment_gradient_cosine(experimen
     trainer.fit(module, datamodule=datamodule)
     m = {k: float(v) for k, v in trainer.callback_metrics.items()}
     batch = seen[0]
-    # success@t is the share of rollouts with score >= t, so it cannot rise with t.
+    # success@t is the share of rollouts with score / (w_process + w_summary) >= t (official weighted_score_norm;
+    # HierR's weights 1 + 1 = 2), so it cannot rise with t.
+    assert module.score_scale() == 2.0
     for t in (0.7, 0.8, 0.9, 1.0):
-        assert m[f"train/success@{t}"] == pytest.approx((batch.scores >= t - 1e-9).float().mean().item())
+        assert m[f"train/success@{t}"] == pytest.approx((batch.scores / 2 >= t - 1e-9).float().mean().item())
     assert m["train/success@0.7"] >= m["train/success@0.8"] >= m["train/success@0.9"] >= m["train/success@1.0"]
     exact = (batch.reward_parts["name"] == 1) & (batch.reward_parts["key"] == 1) & (batch.reward_parts["value"] == 1)
     assert m["train/tool/exact_match"] == pytest.approx(exact.float().mean().item())
     # The summary judge saw the environment's tool responses (0 when the rollout made no call).
     assert torch.all(batch.reward_parts["summary"][batch.reward_parts["should_call_but_no_call"] == 1] == 0)
+    parts = batch.reward_parts
+    no_call = parts["gold_steps"] == 0  # 4 prompts of a half-irrelevant train split (seeded): some are
+    assert no_call.any() and not no_call.all()
+    # the irrelevant-prompt call rate is the share of their rollouts with any tool tag
+    assert m["train/tool/irrelevant_call_rate"] == pytest.approx(parts["tool_tag"][no_call].mean().item())
+    assert m["train/tool/irrelevant_valid_call_rate"] == pytest.approx(parts["valid_call"][no_call].mean().item())
+    assert torch.all(parts["summary"][no_call] == 0)  # no_call_summary="zero": no summary reward there
+
+
+def test_irrelevant_call_rates_by_hand():
+    # 5 rollouts; gold steps [0, 0, 2, 0, 1] -> rollouts 0, 1, 3 are of no-call prompts. Tool tags [1, 0, 1, 1, 0]
+    # -> on them 1, 0, 1: rate 2/3; valid calls [0, 0, 1, 1, 1] -> on them 0, 0, 1: 1/3
+    parts = {"gold_steps": torch.tensor([0.0, 0, 2, 0, 1]), "tool_tag": torch.tensor([1.0, 0, 1, 1, 0]),
+             "valid_call": torch.tensor([0.0, 0, 1, 1, 1])}
+    assert irrelevant_call_rates(parts, "train") == pytest.approx(
+        {"train/tool/irrelevant_call_rate": 2 / 3, "train/tool/irrelevant_valid_call_rate": 1 / 3})
+    assert irrelevant_call_rates({**parts, "gold_steps": torch.ones(5)}, "val") == {}  # no no-call prompt
+    assert irrelevant_call_rates({"gold_steps": parts["gold_steps"]}, "val") == {}     # a reward without tags
 
 
 def test_sparse_diagnostics_are_logged_only_at_the_steps_they_are_computed(make_cfg, tmp_path):

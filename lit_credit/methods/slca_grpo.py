@@ -26,15 +26,40 @@ def step_exact_match(tool_exact: torch.Tensor, gold_steps: torch.Tensor) -> dict
     return {k + 1: (hits[k] / has_step[:, k].sum()).item() for k in range(depth)}
 
 
+def irrelevant_call_rates(parts: dict[str, torch.Tensor], stage: str) -> dict[str, float]:
+    """Tool calls where none is due: over the rollouts of no-call prompts (``gold_steps == 0``, the
+    irrelevant subset), the share with any tool-call tag (``<stage>/tool/irrelevant_call_rate``, debris
+    included) and the share with a valid call (``<stage>/tool/irrelevant_valid_call_rate``). The first rising
+    in a run is the reward hack of tool-call debris on no-call prompts; {} when the batch has no such prompt
+    or the reward gives no ``tool_tag``/``valid_call`` parts.
+
+    Shape:
+        parts["gold_steps"], parts["tool_tag"], parts["valid_call"]: [B] float.
+    """
+    if not {"gold_steps", "tool_tag"} <= parts.keys():
+        return {}
+    no_call = parts["gold_steps"] == 0
+    if not no_call.any():
+        return {}
+    logs = {f"{stage}/tool/irrelevant_call_rate": parts["tool_tag"][no_call].float().mean().item()}
+    if "valid_call" in parts:
+        logs[f"{stage}/tool/irrelevant_valid_call_rate"] = parts["valid_call"][no_call].float().mean().item()
+    return logs
+
+
 class SLCAGRPOModule(GRPOModule):
     """GRPO base + tool-calling metrics. The credit estimator (SLCA, GRPO or ToolPO) and the HierR reward
     are injected like any other; this class only adds what the SLCA paper reports:
 
-    - ``<stage>/success@t``: share of rollouts with ``score >= t`` for t in ``success_thresholds``;
+    - ``<stage>/success@t``: share of rollouts with ``score / (w_process + w_summary) >= t`` for t in
+      ``success_thresholds``: the official ``weighted_score_norm`` (the reward's weights; 1 when the reward
+      has none), so with HierR's default weights ``success@0.7`` means a total score of at least 1.4;
     - ``<stage>/tool/exact_match``: share whose calls match gold names, keys and values exactly
       (``name = key = value = 1``; a no-call reply to an irrelevant prompt counts as exact);
     - ``<stage>/step{k}/exact_match``: per gold step, :func:`step_exact_match` of the per-turn
       ``tool_exact`` (multi-step plans: did tool turn k make exactly gold step k's calls);
+    - ``<stage>/tool/irrelevant_call_rate`` and ``irrelevant_valid_call_rate``: on no-call prompts, the share
+      of rollouts with any tool-call tag / a valid call (:func:`irrelevant_call_rates`);
     - ``slca/grad_cosine`` every ``grad_cosine_every`` steps: the cosine between the policy-loss gradients
       of the tool tokens and of the summary tokens (``L_seg`` = the loss with the advantage restricted to
       one segment), the cross-segment interference SLCA removes.
@@ -47,7 +72,8 @@ class SLCAGRPOModule(GRPOModule):
 
     def rollout_metrics(self, batch: RolloutBatch, stage: str) -> dict[str, float]:
         logs = super().rollout_metrics(batch, stage)
-        logs.update({f"{stage}/success@{t}": (batch.scores >= t - 1e-9).float().mean().item()
+        score_norm = batch.scores / self.score_scale()
+        logs.update({f"{stage}/success@{t}": (score_norm >= t - 1e-9).float().mean().item()
                      for t in self.success_thresholds})
         parts = batch.reward_parts
         if {"name", "key", "value"} <= parts.keys():
@@ -56,7 +82,17 @@ class SLCAGRPOModule(GRPOModule):
         if {"tool_exact", "gold_steps"} <= parts.keys():
             steps = step_exact_match(parts["tool_exact"], parts["gold_steps"])
             logs.update({f"{stage}/step{k}/exact_match": v for k, v in steps.items()})
+        logs.update(irrelevant_call_rates(parts, stage))
         return logs
+
+    def score_scale(self) -> float:
+        """``w_process + w_summary`` of the reward (HierR's top weights), the official score normaliser; 1 when
+        the reward has no such weights or they do not sum to a positive number."""
+        reward = getattr(getattr(self, "rollouts", None), "reward", None)
+        total = getattr(reward, "w_process", None), getattr(reward, "w_summary", None)
+        if any(not isinstance(w, (int, float)) for w in total) or sum(total) <= 0:
+            return 1.0
+        return float(sum(total))
 
     def credit_diagnostics(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         if not self.grad_cosine_every or self.global_step % self.grad_cosine_every:

@@ -3,6 +3,22 @@
 ``tool_process_score`` parses the Hermes ``<tool_call>`` blocks of a rollout and scores them against the
 gold calls; :class:`HierRReward` adds the summary judge and the omission penalty and is a ``Reward``.
 Nothing here raises on model output: malformed text scores 0 on the affected components.
+
+Parsing, gold reading, value comparison and the omission rule are the official reward's (SLCA-GRPO
+``reward_fn.py``). What still differs, on purpose:
+
+- the judge sees only *real* tool responses, the results of executed calls; the official judge also sees
+  the environment's error answers (unknown tool, bad arguments), a reward for debris. No key: it is the
+  reward hack this module closes.
+- ``reward.no_call_summary`` (default ``zero``; ``judge`` = official): the summary on prompts whose gold
+  has no call.
+- the final reply is the last assistant turn after its last ``</tool_call>``; officially it is the
+  transcript after its last ``</tool_response>``. The two agree unless the last turn holds a tool tag
+  (debris that ended the episode, or the turn limit).
+- the LLM judge prompt is this project's (a digit 1-5; the official asks for a word, very poor ..
+  excellent; :func:`~lit_credit.rewards.judges.parse_rating` reads both).
+- a value ``float()`` cannot hold is "not equal" (officially a crash); a gold that mixes the nested and
+  flat forms raises (officially the odd parts are dropped).
 """
 from __future__ import annotations
 
@@ -21,15 +37,13 @@ DEFAULT_WEIGHTS: dict[str, float] = {
     "format": 0.10, "name": 0.25, "key": 0.15, "value": 0.20, "parallel": 0.30}
 COMPONENTS = tuple(DEFAULT_WEIGHTS)
 
-# Innermost blocks: the body may not contain another open tag, so "<tool_call>a<tool_call>b</tool_call>"
-# is one block "b" (and 2 open tags, 1 close tag).
-_BLOCK = re.compile(r"<tool_call>((?:(?!<tool_call>).)*?)</tool_call>", re.S)
+_THINK_OPEN, _THINK_CLOSE = re.compile(r"<think(?:ing)?>"), re.compile(r"</think(?:ing)?>")
 
 
 def _spans(text: str, open_tag: str, close_tag: str) -> list[tuple[int, int]]:
     """``(start, end)`` of every non-overlapping ``open_tag ... close_tag`` (shortest match, left to right),
     what ``re.finditer(open.*?close, re.S)`` finds, but with ``str.find``: linear, where the regex rescans
-    to the end from every unclosed open tag (quadratic on a reply of many ``<think>`` tags)."""
+    to the end from every unclosed open tag (quadratic on a reply of many open tags)."""
     spans, i = [], 0
     while (start := text.find(open_tag, i)) >= 0:
         end = text.find(close_tag, start + len(open_tag))
@@ -41,30 +55,39 @@ def _spans(text: str, open_tag: str, close_tag: str) -> list[tuple[int, int]]:
 
 
 def strip_think(text: str) -> str:
-    """Remove reasoning: every ``<think>...</think>``; then, if a ``</think>`` is left (the template opened
-    the block in the prompt), everything up to it; then, if a ``<think>`` is left (truncated), everything
-    from it on. Linear in ``len(text)``."""
-    kept, i = [], 0
-    for start, end in _spans(text, "<think>", "</think>"):
-        kept.append(text[i:start])
-        i = end
-    text = "".join([*kept, text[i:]])
-    if "</think>" in text:
-        text = text.rsplit("</think>", 1)[1]
-    return text.split("<think>", 1)[0]
+    """Remove every complete reasoning block, as the official reward's
+    ``re.sub(r"<think(?:ing)?>.*?</think(?:ing)?>", "", text, flags=re.S)`` does (``<think>`` or
+    ``<thinking>``, closed by either); a dangling open or close tag is kept with the text around it. Linear
+    in ``len(text)`` (the regex is quadratic on many unclosed tags)."""
+    closes = [m.span() for m in _THINK_CLOSE.finditer(text)]
+    kept, i, j = [], 0, 0
+    for m in _THINK_OPEN.finditer(text):
+        if m.start() < i:  # inside a block already removed
+            continue
+        while j < len(closes) and closes[j][0] < m.end():
+            j += 1
+        if j == len(closes):  # no close after this open, so none after any later one
+            break
+        kept.append(text[i:m.start()])
+        i = closes[j][1]
+        j += 1
+    return "".join(kept) + text[i:]
 
 
 # ------------------------------------------------------------------------------------------------ parsing
 @dataclass(frozen=True)
 class ToolCallBlock:
     """One ``<tool_call>`` body; ``reason`` is "" when valid, else the first failure: ``json`` (not JSON),
-    ``type`` (not a dict or a non-empty list of dicts), ``name`` (no string name), ``unknown_tool`` (name not
-    allowed), ``arguments`` (``arguments``/``parameters`` missing or not a dict)."""
+    ``type`` (not a dict or list, or an item of the list not a dict), ``name`` (no non-empty string name),
+    ``unknown_tool`` (name not allowed), ``arguments`` (``arguments or parameters or {}`` not a dict).
+    ``items`` holds each item's ``(call, reason)`` (call None when the item fails), empty on ``json``/``type``
+    of the whole body; ``calls`` the calls of a valid block (empty when any item fails)."""
 
     raw: str
     valid: bool
     reason: str = ""
     calls: tuple[dict[str, Any], ...] = ()  # normalised {"name", "arguments"}; empty when invalid
+    items: tuple[tuple[dict[str, Any] | None, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,6 +102,12 @@ class ParsedCalls:
     def calls(self) -> list[dict[str, Any]]:
         """The calls of the valid blocks, in order (the predictions P)."""
         return [c for b in self.blocks for c in b.calls]
+
+    @property
+    def executed(self) -> list[dict[str, Any]]:
+        """The calls an environment executes: every good item, also of a block with a bad one (the official
+        environment runs the valid items of such a list block; the reward scores the block invalid)."""
+        return [c for b in self.blocks for c, _ in b.items if c is not None]
 
     @property
     def n_valid(self) -> int:
@@ -105,39 +134,47 @@ def _allowed_set(allowed_tools: Any) -> set[str] | None:
         return set()
 
 
+def _parse_item(obj: Any, allowed: set[str] | None) -> tuple[dict[str, Any] | None, str]:
+    if not isinstance(obj, dict):
+        return None, "type"
+    name = obj.get("name")
+    if not name or not isinstance(name, str):
+        return None, "name"
+    if allowed is not None and name not in allowed:
+        return None, "unknown_tool"
+    args = obj.get("arguments") or obj.get("parameters") or {}  # official: missing/null/falsy -> {}
+    if not isinstance(args, dict):
+        return None, "arguments"
+    return {"name": name, "arguments": args}, ""
+
+
 def _parse_block(raw: str, allowed: set[str] | None) -> ToolCallBlock:
     try:
         obj = json.loads(raw)
     except (ValueError, RecursionError):
         return ToolCallBlock(raw, False, "json")
-    items = obj if isinstance(obj, list) else [obj]
-    if not items or not all(isinstance(c, dict) for c in items):
+    if not isinstance(obj, (dict, list)):
         return ToolCallBlock(raw, False, "type")
-    calls = []
-    for c in items:
-        name, args = c.get("name"), c.get("arguments", c.get("parameters"))
-        if not isinstance(name, str):
-            return ToolCallBlock(raw, False, "name")
-        if allowed is not None and name not in allowed:
-            return ToolCallBlock(raw, False, "unknown_tool")
-        if not isinstance(args, dict):
-            return ToolCallBlock(raw, False, "arguments")
-        calls.append({"name": name, "arguments": args})
-    return ToolCallBlock(raw, True, "", tuple(calls))
+    items = tuple(_parse_item(c, allowed) for c in (obj if isinstance(obj, list) else [obj]))
+    reason = next((r for _, r in items if r), "")
+    return ToolCallBlock(raw, not reason, reason, () if reason else tuple(c for c, _ in items), items)
 
 
 def parse_tool_calls(text: str, allowed_tools: Any = None) -> ParsedCalls:
-    """Parse the Hermes tool calls of ``text`` (never raises).
+    """Parse the Hermes tool calls of ``text`` (never raises), as the official reward does.
 
-    ``<think>`` is stripped (:func:`strip_think`); every innermost ``<tool_call>BODY</tool_call>`` is a block.
-    A block is valid when BODY is JSON that is a dict or a non-empty list of dicts (a list = parallel calls)
-    and every call has a string ``name`` in ``allowed_tools`` and a dict ``arguments`` (``parameters`` is
-    accepted and renamed; ``arguments`` wins when both are present). ``allowed_tools=None`` allows any name
-    (a JSON-string list is parsed). Open and close tags are counted separately.
+    ``<think>`` blocks are stripped (:func:`strip_think`); each ``<tool_call>BODY</tool_call>``, from an
+    open tag to the first close tag after it (``<tool_call>(.*?)</tool_call>``, so a second open tag inside
+    is part of BODY), is a block. A block is valid when BODY is a JSON dict or list of dicts (a list =
+    parallel calls; ``[]`` is a valid block of no call) and every call has a non-empty string ``name`` in
+    ``allowed_tools`` and ``arguments or parameters or {}`` a dict (missing, null or empty arguments read
+    as ``{}``; empty ``arguments`` fall back to ``parameters``). ``allowed_tools=None`` allows any name (a
+    JSON-string list is parsed). Open and close tags are counted separately.
     """
     text = strip_think(text if isinstance(text, str) else "")
     allowed = _allowed_set(allowed_tools)
-    blocks = tuple(_parse_block(body.strip(), allowed) for body in _BLOCK.findall(text))
+    blocks = tuple(_parse_block(text[s + len(OPEN):e - len(CLOSE)].strip(), allowed)
+                   for s, e in _spans(text, OPEN, CLOSE))
     return ParsedCalls(blocks, text.count(OPEN), text.count(CLOSE))
 
 
@@ -151,7 +188,8 @@ def _as_list(x: Any, what: str) -> list:
         out = x.tolist()
         return out if isinstance(out, list) else [out]
     raise ValueError(f"{what} must be a list, got {type(x).__name__}: {x!r:.80}; fix: gold_tool_calls is a "
-                     "list of steps, each a list of {\"name\", \"arguments\"} dicts")
+                     "list of steps, each a list of {\"name\", \"arguments\"} dicts (or a flat list of calls: "
+                     "one parallel step)")
 
 
 def _gold_call(c: Any) -> dict[str, Any]:
@@ -179,16 +217,22 @@ def _gold_call(c: Any) -> dict[str, Any]:
     return {"name": name, "arguments": dict(args)}
 
 
-def normalize_gold_calls(gold: Any) -> list[list[dict[str, Any]]]:
-    """Gold calls in the nested form, steps x calls of ``{"name": str, "arguments": dict}``.
+def _is_list(x: Any) -> bool:
+    return isinstance(x, (list, tuple)) or (hasattr(x, "tolist") and not isinstance(x, (str, bytes, Mapping)))
 
-    Accepts the nested form (idempotent), the older flat forms, and mixtures: each top-level element that
-    is a list is one step; a bare tool name ``"f"`` or a call dict is a step of its own (the flat forms give
-    no parallelism, so they are read as sequential single-call steps). Names become ``{"name": "f",
-    "arguments": {}}``; arguments given as a JSON string are parsed, ``parameters`` is renamed, and an
-    OpenAI ``{"function": {...}}`` wrapper is unwrapped. None, ``[]`` -> ``[]``; a JSON string of the whole
-    is parsed first. Gold is data, not model output: an uninterpretable gold raises ``ValueError`` naming
-    ``gold_tool_calls`` (or the gold call) and the expected form.
+
+def normalize_gold_calls(gold: Any) -> list[list[dict[str, Any]]]:
+    """Gold calls in the nested form, steps x calls of ``{"name": str, "arguments": dict}``, read as the
+    official reward reads them.
+
+    Nested (the first element is a list): each element is one step (idempotent); an empty step is dropped
+    (``[[], [f]]`` -> ``[[f]]``). Flat (the first element is a tool name or a call dict): the whole list is
+    ONE step of parallel calls (``["f", "g"]`` -> ``[[f, g]]``). Names become ``{"name": "f", "arguments":
+    {}}``; arguments given as a JSON string are parsed, ``parameters`` is renamed, and an OpenAI
+    ``{"function": {...}}`` wrapper is unwrapped. None, ``[]`` -> ``[]``; a JSON string of the whole is
+    parsed first. Gold is data, not model output: an uninterpretable gold (also a mixture of the two forms)
+    raises ``ValueError`` naming ``gold_tool_calls`` (or the gold call) and the expected form, where the
+    official reward silently drops what it cannot read.
     """
     if isinstance(gold, str):
         try:
@@ -196,72 +240,58 @@ def normalize_gold_calls(gold: Any) -> list[list[dict[str, Any]]]:
         except (ValueError, RecursionError) as err:
             raise ValueError(f"gold_tool_calls is a string but not JSON ({err}): {gold!r:.80}; fix: store "
                              "the nested list of steps (or its JSON)") from None
+    top = _as_list(gold, "gold_tool_calls")
+    if top and not _is_list(top[0]):  # flat: one parallel step
+        return [[_gold_call(c) for c in top]]
     steps = []
-    for i, step in enumerate(_as_list(gold, "gold_tool_calls")):
-        if isinstance(step, (str, Mapping)):
-            steps.append([_gold_call(step)])
-        else:
-            steps.append([_gold_call(c) for c in _as_list(step, f"gold_tool_calls[{i}]")])
+    for i, step in enumerate(top):
+        calls = [_gold_call(c) for c in _as_list(step, f"gold_tool_calls[{i}]")]
+        if calls:  # an empty step is dropped, as the official reward does
+            steps.append(calls)
     return steps
 
 
 # ------------------------------------------------------------------------------------------------ scores
-_TRUE, _FALSE = frozenset({"true", "1"}), frozenset({"false", "0"})
-
-
-def _as_bool(x: Any) -> bool | None:
-    if isinstance(x, bool):
-        return x
-    if isinstance(x, (int, float)) and x in (0, 1):
-        return bool(x)
-    if isinstance(x, str):
-        s = x.strip().lower()
-        return True if s in _TRUE else False if s in _FALSE else None
-    return None
-
-
-def _as_float(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float, str)):
-        return None
-    try:
-        return float(x.strip() if isinstance(x, str) else x)
-    except (ValueError, OverflowError):
-        return None
-
-
-def _canon(x: Any) -> str:
-    if isinstance(x, str):
-        try:
-            x = json.loads(x)
-        except (ValueError, RecursionError):
-            return x
-    try:
-        return json.dumps(x, sort_keys=True, ensure_ascii=False, default=str)
-    except (TypeError, ValueError, RecursionError):
-        return repr(x)
+_BOOL_STRINGS = {"true": True, "false": False, "1": True, "0": False}
 
 
 def loose_equal(gold: Any, pred: Any) -> bool:
-    """Loose equality of two argument values, tried in this order:
+    """Loose equality of two argument values, the official HierR rule, tried in this order:
 
-    1. either is a bool: both read as booleans (bools; numbers 0/1; strings "true"/"false"/"1"/"0", trimmed,
-       any case) and equal;
-    2. either is a number: both read as floats (numbers; numeric strings) and ``|a - b| <= 1e-9``;
-    3. both strings: equal after trimming and casefolding;
-    4. either is a list/dict: equal sorted-key JSON (a string side is JSON-parsed first);
-    5. otherwise ``==`` (e.g. None == None).
+    1. None: equal only to None;
+    2. the string forms ``str(x).strip().lower()`` are equal (so gold ``"True"`` matches ``True``, ``[1, 2]``
+       matches ``"[1, 2]"``, ``"NaN"`` matches ``"nan"``);
+    3. both convert with ``float()`` (numbers, bools, numeric strings) and ``|a - b| < 1e-9``;
+    4. both string forms are in {"true", "false", "1", "0"} and read as the same boolean (gold ``"True"``
+       matches ``1``; ``"1"`` matches ``"true"``);
+    5. both are lists/dicts with equal sorted-key JSON;
+    6. otherwise not equal.
+
+    Never raises: a value ``float()`` cannot hold (``10**400``) or too deep to print is simply not equal at
+    that step (the official code would raise on the former).
     """
-    if isinstance(gold, bool) or isinstance(pred, bool):
-        a, b = _as_bool(gold), _as_bool(pred)
-        return a is not None and a == b
-    if isinstance(gold, (int, float)) or isinstance(pred, (int, float)):
-        a, b = _as_float(gold), _as_float(pred)
-        return a is not None and b is not None and (a == b or abs(a - b) <= 1e-9)
-    if isinstance(gold, str) and isinstance(pred, str):
-        return gold.strip().casefold() == pred.strip().casefold()
-    if isinstance(gold, (list, dict)) or isinstance(pred, (list, dict)):
-        return _canon(gold) == _canon(pred)
-    return gold == pred
+    if gold is None or pred is None:
+        return gold is None and pred is None
+    try:
+        g, p = str(gold).strip().lower(), str(pred).strip().lower()
+    except (RecursionError, ValueError):  # ValueError: an int too long for str()
+        return False
+    if g == p:
+        return True
+    try:
+        if abs(float(pred) - float(gold)) < 1e-9:
+            return True
+    except (ValueError, TypeError, OverflowError):
+        pass
+    gb, pb = _BOOL_STRINGS.get(g), _BOOL_STRINGS.get(p)
+    if gb is not None and pb is not None:
+        return gb == pb
+    if isinstance(gold, (list, dict)) and isinstance(pred, (list, dict)):
+        try:
+            return json.dumps(pred, sort_keys=True) == json.dumps(gold, sort_keys=True)
+        except (TypeError, ValueError, RecursionError):
+            return False
+    return False
 
 
 def name_f1(pred_names: Sequence[str], gold_names: Sequence[str]) -> float:
@@ -283,9 +313,12 @@ def key_value_scores(pred: Sequence[dict], gold: Sequence[dict]) -> tuple[float,
     """(key, value) over the gold calls G with non-empty arguments (flat, in step order).
 
     G empty -> (1, 1); no predicted calls -> (0, 0). Otherwise each gold call g, in order, takes the unused
-    prediction p with ``p.name == g.name`` that maximises ``key + value`` (first one on a tie) and uses it
-    up; ``key = |K_g ∩ K_p| / |K_g ∪ K_p|`` (Jaccard of key sets), ``value = #{k in K_g ∩ K_p :
-    loose_equal(g[k], p[k])} / |K_g|``; an unmatched gold call scores (0, 0). Both are averaged over G.
+    prediction p with ``p.name == g.name`` that maximises ``key + value``, and only when that sum is above 0
+    (first one on a tie); the pair uses p up. ``key = |K_g ∩ K_p| / |K_g ∪ K_p|`` (Jaccard of key sets),
+    ``value = #{k in K_g ∩ K_p : loose_equal(g[k], p[k])} / |K_g|``; a gold call left unpaired scores (0, 0).
+    Both are averaged over G. So a same-name prediction that matches nothing of g is left for a later gold
+    call: gold ``[f(a=1), f(b=2)]``, prediction ``[f(b=2)]`` -> f(a=1) pairs with nothing (0 + 0 is not
+    above 0), f(b=2) takes it (1, 1): key = value = (0 + 1) / 2 = 0.5.
     """
     targets = [g for g in gold if g["arguments"]]
     if not targets:
@@ -295,15 +328,16 @@ def key_value_scores(pred: Sequence[dict], gold: Sequence[dict]) -> tuple[float,
     used: set[int] = set()
     key = value = 0.0
     for g in targets:
-        best = None
+        best_k = best_v = 0.0
+        best_j = None
         for j, p in enumerate(pred):
             if j not in used and p["name"] == g["name"]:
                 k, v = _pair_scores(g["arguments"], p["arguments"])
-                if best is None or k + v > best[0] + best[1]:
-                    best = (k, v, j)
-        if best is not None:
-            used.add(best[2])
-            key, value = key + best[0], value + best[1]
+                if k + v > best_k + best_v:
+                    best_k, best_v, best_j = k, v, j
+        if best_j is not None:
+            used.add(best_j)
+        key, value = key + best_k, value + best_v
     return key / len(targets), value / len(targets)
 
 
@@ -336,9 +370,12 @@ def tool_process_score(text: str, gold_calls: Any, allowed_tools: Any,
     - ``process = 0.10 format + 0.25 name + 0.15 key + 0.20 value + 0.30 parallel``; ``weights`` overrides
       any of these (unknown names raise). With weights summing to 1, process is in [0, 1].
     """
-    w = _weights(weights)
-    parsed = parse_tool_calls(text, allowed_tools)
-    gold_steps = normalize_gold_calls(gold_calls)
+    return _process_parts(parse_tool_calls(text, allowed_tools), normalize_gold_calls(gold_calls), _weights(weights))
+
+
+def _process_parts(parsed: ParsedCalls, gold_steps: list[list[dict[str, Any]]],
+                   w: Mapping[str, float]) -> dict[str, float]:
+    """:func:`tool_process_score` of an already parsed text, normalised gold and checked weights."""
     gold = [c for step in gold_steps for c in step]
     n_tags = max(parsed.n_open, parsed.n_close)
     first, pred = parsed.first_valid, parsed.calls
@@ -417,38 +454,69 @@ def _question(row: Mapping[str, Any]) -> str:
     return q if isinstance(q, str) else str(q)
 
 
+NO_CALL_SUMMARY = ("zero", "judge")
+
+
+def _present(response: Any) -> bool:
+    """Whether the judge counts ``response``: a non-blank string, or any other value (it is JSON-encoded)."""
+    return not isinstance(response, str) or bool(response.strip())
+
+
 class HierRReward:
     """SLCA-GRPO's reward: ``score = w_process * process + w_summary * summary`` (methods.md §1).
 
     Row keys (each looked up in the row, then in ``row["reward_model"]["ground_truth"]``):
-    ``gold_tool_calls`` (nested or flat form), ``allowed_tools`` (absent: any name), ``question`` (or
-    ``question_content``, else the last user message of ``row["prompt"]``).
+    ``gold_tool_calls`` (nested or flat form), ``allowed_tools``, ``question`` (or ``question_content``, else
+    the last user message of ``row["prompt"]``). A row whose ``allowed_tools`` is absent or empty scores 0
+    on every part (the judge is not asked), as in the official reward.
 
-    The rollout text is ``"\\n".join(strip_think(r) for r in replies)``: each turn is stripped on its own,
-    so a template that opens ``<think>`` in every turn's prompt loses no call. ``process`` and its five
-    components come from :func:`tool_process_score`. Tool responses for the judge, the first found of: the
-    ``tool_responses`` keyword, ``row["_tool_responses"]`` (set by the environment, which injects them and
-    so knows them), the ``<tool_response>`` blocks inside the replies (a caller that passes a whole
-    transcript as the replies). The judge sees
-    the question, those responses and ``final_reply(replies[-1])``; ``summary`` is its score (0 with no
-    tool response, a reply under 10 characters, or a judge failure: ``judge_failed = 1``).
+    The rollout text is ``"\\n".join(strip_think(r) for r in replies)`` (complete ``<think>`` blocks
+    removed, :func:`strip_think`). ``process`` and its five components come from :func:`tool_process_score`.
 
-    Omission: when gold has at least one call and the think-stripped text has no ``<tool_call>`` or
-    ``</tool_call>`` tag, ``should_call_but_no_call = 1`` and ``score = omission_score`` (-0.5); the judge is
-    not called then (``summary = 0``), as the estimator replaces the summary score by ``score`` anyway.
+    Summary. The judge sees the question, the *real* tool responses and ``final_reply(replies[-1])``;
+    ``summary`` is its score. Real responses are the results of executed calls (a good item of a block: an
+    allowed tool, an arguments object; a domain error such as an unknown currency is still a result), never
+    the error answers an environment gives to unknown tools, bad arguments, malformed or unmatched tags: an
+    error to tool-call debris is no fact to summarise (the official judge sees those too; a deliberate
+    deviation, as it rewards debris). They come from the first found of: the ``tool_responses`` keyword (the rollout
+    loop passes what the environment marked real, :class:`~lit_credit.tasks.toolcall.ToolEnvironment`),
+    ``row["_tool_responses"]``, the ``<tool_response>`` blocks inside the replies (a caller that passes a
+    whole transcript); and a rollout with no executed call (:attr:`ParsedCalls.executed`) has none
+    whatever the source says. ``summary
+    = 0`` without a real response (``no_tool_response = 1``), with a reply under 10 characters, or on a
+    judge failure (``judge_failed = 1``), as the official reward.
 
-    Per turn (lists, one entry per tool turn: every reply but the last, the SLCA segment rule; the rollout
-    batch pads them into [B, K]): ``tool_scores`` (each turn's process score against its gold step,
-    :func:`tool_turn_scores`), ``tool_turn_mask`` (1 per tool turn) and ``tool_exact``; plus ``gold_steps``,
-    the number of gold steps. :meth:`turn_score` scores one alternative turn the same way.
+    No-call prompts (gold has no call, e.g. the irrelevant subset), ``no_call_summary``:
+    ``"zero"`` (default) scores the summary 0 there without asking the judge, so ``score = process <= 0.9``
+    and no reply beats the right direct answer (0.9: a valid call costs name and parallel, 0.45 at best);
+    ``"judge"`` is the official reward, which judges such a reply like any other: a valid call to an
+    allowed tool and a faithful summary of its result then score 0.45 + 1 = 1.45 > 0.9, a reward for
+    calling tools where none is needed.
+
+    Omission (official rule): when gold has at least one call and the think-stripped text has no
+    ``<tool_call>`` opening tag (a lone ``</tool_call>`` does not count), ``should_call_but_no_call = 1``,
+    ``score = omission_score`` (-0.5) and every component, ``process`` and ``summary`` are 0 (the judge is
+    not called; the estimator replaces the summary score by ``score`` anyway).
+
+    Diagnostics (floats): ``tool_tag`` (1 when the text holds any ``<tool_call>``/``</tool_call>`` tag),
+    ``valid_call`` (1 when it holds a valid block), ``no_tool_response``, ``gold_steps`` (the number of gold
+    steps; 0 on a no-call prompt). Per turn (lists, one entry per tool turn: every reply but the last, the
+    SLCA segment rule; the rollout batch pads them into [B, K]): ``tool_scores`` (each turn's process score
+    against its gold step, :func:`tool_turn_scores`), ``tool_turn_mask`` (1 per tool turn) and
+    ``tool_exact``. :meth:`turn_score` scores one alternative turn the same way.
 
     ``replies`` given as one str (not a list) is a caller error, a ``ValueError``; it would otherwise be read
     as one reply per character.
     """
 
     def __init__(self, w_process: float = 1.0, w_summary: float = 1.0, judge: SummaryJudge | None = None,
-                 weights: Mapping[str, float] | None = None, omission_score: float = -0.5):
+                 weights: Mapping[str, float] | None = None, omission_score: float = -0.5,
+                 no_call_summary: str = "zero"):
+        if no_call_summary not in NO_CALL_SUMMARY:
+            raise ValueError(f"reward.no_call_summary={no_call_summary!r}: use 'zero' (no summary reward on a "
+                             "prompt whose gold has no call; the safe default) or 'judge' (the official reward)")
         self.w_process, self.w_summary, self.omission_score = w_process, w_summary, omission_score
+        self.no_call_summary = no_call_summary
         self.judge = judge if judge is not None else RubricJudge()
         self.weights = _weights(weights)
 
@@ -461,29 +529,49 @@ class HierRReward:
         replies = [strip_think(r) if isinstance(r, str) else "" for r in replies or []]
         text = "\n".join(replies)
         gold = normalize_gold_calls(_field(row, "gold_tool_calls"))
-        parts = tool_process_score(text, gold, _field(row, "allowed_tools"), self.weights)
-        omitted = any(gold) and OPEN not in text and CLOSE not in text
+        allowed = _field(row, "allowed_tools")
+        parsed = parse_tool_calls(text, allowed)
+        parts = _process_parts(parsed, gold, self.weights)
+        missing = not _allowed_set(allowed)  # official: a row without allowed tools scores 0
+        omitted = not missing and bool(gold) and OPEN not in text
+        responses = self.real_responses(row, text, bool(parsed.executed), tool_responses)
         summary, failed = 0.0, False
-        if not omitted:
-            if tool_responses is None:
-                tool_responses = row.get("_tool_responses")
-            if tool_responses is None:
-                tool_responses = extract_tool_responses(text)
-            reply = final_reply(replies[-1] if replies else "")
-            result = self.judge(_question(row), list(tool_responses), reply)
+        if omitted or missing:
+            parts = dict.fromkeys(parts, 0.0)
+        elif gold or self.no_call_summary == "judge":
+            result = self.judge(_question(row), responses, final_reply(replies[-1] if replies else ""))
             summary, failed = result.score, result.failed
-        score = self.w_process * parts["process"] + self.w_summary * summary
-        if omitted:
-            score = self.omission_score
-        turns = tool_turn_scores(replies[:-1], gold, _field(row, "allowed_tools"), self.weights)
+        score = self.omission_score if omitted else self.w_process * parts["process"] + self.w_summary * summary
+        turns = tool_turn_scores(replies[:-1], gold, allowed, self.weights)
+        if missing:
+            turns = [dict.fromkeys(t, 0.0) for t in turns]
         return {"score": score, **parts, "summary": summary, "should_call_but_no_call": float(omitted),
-                "judge_failed": float(failed), "gold_steps": float(len(gold)),
+                "judge_failed": float(failed), "no_tool_response": float(not any(_present(r) for r in responses)),
+                "tool_tag": float(parsed.n_open + parsed.n_close > 0), "valid_call": float(parsed.n_valid > 0),
+                "gold_steps": float(len(gold)),
                 "tool_scores": [t["process"] for t in turns], "tool_turn_mask": [1.0] * len(turns),
                 "tool_exact": [t["exact"] for t in turns]}
+
+    @staticmethod
+    def real_responses(row: Mapping[str, Any], text: str, called: bool,
+                       tool_responses: Sequence[str] | None) -> list[str]:
+        """The tool responses the judge may see: none when the rollout made no call an environment executes
+        (``called`` is False: :attr:`ParsedCalls.executed` is empty, every response it got answered debris),
+        else the first found of ``tool_responses``,
+        ``row["_tool_responses"]`` and the ``<tool_response>`` blocks of ``text``. Non-strings are JSON-encoded
+        by the judge."""
+        if not called:
+            return []
+        for source in (tool_responses, row.get("_tool_responses")):
+            if source is not None:
+                return list(source)
+        return extract_tool_responses(text)
 
     def turn_score(self, row: dict[str, Any], turn: int, reply: str) -> float:
         """The process score of ``reply`` as tool turn ``turn`` (0-based) of ``row``, against gold step
         ``turn`` (:func:`tool_turn_scores`): how TCPO's counterfactual alternatives of a tool turn are scored."""
-        gold = normalize_gold_calls(_field(row, "gold_tool_calls"))
+        gold, allowed = normalize_gold_calls(_field(row, "gold_tool_calls")), _field(row, "allowed_tools")
+        if not _allowed_set(allowed):  # official: a row without allowed tools scores 0
+            return 0.0
         text = strip_think(reply) if isinstance(reply, str) else ""
-        return tool_process_score(text, step_plan(gold, turn), _field(row, "allowed_tools"), self.weights)["process"]
+        return tool_process_score(text, step_plan(gold, turn), allowed, self.weights)["process"]

@@ -218,7 +218,8 @@ class RubricJudge(SummaryJudge):
 
 
 # ---------------------------------------------------------------------------------------------- LLM
-_RATING = re.compile(r"<rating>\s*([1-5])(?:\.0+)?\s*</rating>", re.I)
+RATING_WORDS = {"very poor": 1, "poor": 2, "acceptable": 3, "good": 4, "excellent": 5}
+_RATING = re.compile(r"<rating>\s*([1-5](?:\.0+)?|very\s+poor|poor|acceptable|good|excellent)\s*</rating>", re.I)
 
 JUDGE_PROMPT = """You are grading the final reply of an assistant that called tools to answer a user.
 
@@ -238,15 +239,20 @@ and concisely it is expressed. Answer exactly in this format:
 
 
 def parse_rating(text: str) -> int | None:
-    """The rating in the last ``<rating>N</rating>`` tag (N in 1..5, ``4.0`` allowed), else None.
+    """The rating in the last ``<rating>N</rating>`` tag, else None. N is a digit 1..5 (``4.0`` allowed) or,
+    as the official judge answers, one of the words very poor / poor / acceptable / good / excellent
+    (1..5, any case).
 
     The ``<response_quality>``/``<reasoning>`` wrapper is not required; anything else (out of range,
-    ``3.5``, no tag, not a string) is None.
+    ``3.5``, ``five``, no tag, not a string) is None.
     """
     if not isinstance(text, str):
         return None
     found = _RATING.findall(text)
-    return int(found[-1]) if found else None
+    if not found:
+        return None
+    last = " ".join(found[-1].lower().split())
+    return RATING_WORDS[last] if last in RATING_WORDS else int(float(last))
 
 
 def build_judge_prompt(question: str, tool_responses: Sequence[str], reply: str,

@@ -251,7 +251,7 @@ class LLMToolSimulator(ToolBackend):
 
 
 # ------------------------------------------------------------------------------------------------ environment
-_BLOCK_ERRORS = {
+_ERRORS = {
     "json": "invalid JSON in <tool_call>",
     "type": "a <tool_call> must hold a JSON object or a list of objects",
     "name": "a call needs a string name",
@@ -259,16 +259,12 @@ _BLOCK_ERRORS = {
 }
 
 
-def _block_error(block: ToolCallBlock, allowed: set[str] | None) -> str:
-    if block.reason == "unknown_tool":
-        try:
-            obj = json.loads(block.raw)
-            items = obj if isinstance(obj, list) else [obj]
-            bad = next(c["name"] for c in items if allowed is not None and c.get("name") not in allowed)
-            return f"unknown tool: {bad}"
-        except (ValueError, StopIteration, TypeError, AttributeError, KeyError):
-            return "unknown tool"
-    return _BLOCK_ERRORS.get(block.reason, "invalid tool call")
+def _item_error(block: ToolCallBlock, i: int, reason: str) -> str:
+    """The error answer to item ``i`` of ``block`` (failed with ``reason``)."""
+    if reason != "unknown_tool":
+        return _ERRORS.get(reason, "invalid tool call")
+    obj = json.loads(block.raw)  # the block parsed, so this does
+    return f"unknown tool: {(obj if isinstance(obj, list) else [obj])[i]['name']}"
 
 
 def allowed_tools_of(row: Mapping[str, Any]) -> list[str] | None:
@@ -283,58 +279,79 @@ def allowed_tools_of(row: Mapping[str, Any]) -> list[str] | None:
 
 
 class ToolEnvironment(Environment):
-    """Plays the tools against the policy, one assistant turn at a time.
+    """Plays the tools against the policy, one assistant turn at a time, as the official environment does.
 
     ``step(row, turn, reply)``: with ``<think>`` stripped, a reply with no ``<tool_call>``/``</tool_call>``
-    tag is final: ``done=True``, no messages. Otherwise each block of
-    :func:`~lit_credit.rewards.hierr.parse_tool_calls` (against the row's allowed tools) is answered in
-    order: every call of a valid block by the simulator (a parallel block of k calls -> k responses), an
-    invalid block by one error response (bad JSON, wrong shape, unknown tool, ...), and tags that belong to
-    no complete block by one more error. At most ``max_calls_per_turn`` responses are produced (the rest are
-    replaced by one error). Each response is cut to ``max_response_chars`` (:func:`truncate`) and becomes a
-    ``{"role": "tool"}`` message. ``done`` is also True from turn ``max_turns - 1`` on (the messages are
-    still returned). ``info["tool_responses"]`` holds the response strings, for the summary judge; the
-    row is never mutated (it is shared by the n rollouts of a prompt). ``score`` is None.
+    tag is final: ``done=True``, no messages. Otherwise the blocks of
+    :func:`~lit_credit.rewards.hierr.parse_tool_calls` (against the row's allowed tools) are read item by item,
+    in order (a list block of k items = k parallel calls):
+
+    - a good item (allowed tool, arguments object) is a *call*: the simulator answers it, also when another
+      item of its block is bad (the reward still scores that block invalid);
+    - an item naming an unknown tool, or with arguments that are no object, gets an *error answer*;
+    - *debris*, a body that is no JSON object or list, an item that is no object or has no string name,
+      and tags outside any complete block: with ``debris_ends_episode`` (default, the official behaviour)
+      it gets no answer, and a turn with nothing answered ends the episode (``done=True``, no messages), so
+      the debris turn is the final reply; with ``debris_ends_episode=False`` each gets an error answer and
+      the episode goes on.
+
+    At most ``max_calls_per_turn`` answers are produced; the rest are dropped (with
+    ``debris_ends_episode=False`` one more error says so). Each answer is cut to ``max_response_chars``
+    (:func:`truncate`) and becomes a ``{"role": "tool"}`` message. ``done`` is also True from turn
+    ``max_turns - 1`` on (the messages are still returned). ``info["tool_responses"]`` holds the *real*
+    responses only, the answers to calls, which the summary judge may see; ``info["real"]`` one flag per
+    message. Error answers are messages the policy reads, never facts for the judge (the official judge sees
+    them too; this deviation closes the reward for debris). The row is never mutated (it is shared by the n
+    rollouts of a prompt). ``score`` is None.
     """
 
     def __init__(self, simulator: ToolBackend | None = None, max_turns: int = 10, max_response_chars: int = 300,
-                 max_calls_per_turn: int = 8) -> None:
+                 max_calls_per_turn: int = 8, debris_ends_episode: bool = True) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns={max_turns}: must be >= 1")
         self.simulator = simulator if simulator is not None else ToolSimulator()
         self.max_turns, self.max_response_chars = max_turns, max_response_chars
-        self.max_calls_per_turn = max_calls_per_turn
+        self.max_calls_per_turn, self.debris_ends_episode = max_calls_per_turn, debris_ends_episode
 
-    def respond(self, row: Mapping[str, Any], reply: str) -> list[str] | None:
-        """The tool responses to ``reply`` (truncated), or None when the reply has no tool-call tag."""
-        allowed = allowed_tools_of(row)
-        parsed = parse_tool_calls(reply, allowed)
+    def answers(self, row: Mapping[str, Any], reply: str) -> list[tuple[str, bool]] | None:
+        """Each tool answer to ``reply`` (truncated) with whether it is *real* (the simulator's answer to a
+        call, whatever it says: a domain error or an argument the schema rejects is the tool's answer), or
+        None when the reply has no tool-call tag; ``[]`` when it has tags but nothing is answered."""
+        parsed = parse_tool_calls(reply, allowed_tools_of(row))
         if parsed.n_open == 0 and parsed.n_close == 0:
             return None
-        allowed_set = None if allowed is None else set(allowed)
-        items: list[tuple[dict[str, Any] | None, str]] = []  # (call, "") or (None, error)
+        items: list[tuple[dict[str, Any] | None, str, bool]] = []  # (call, error, is debris)
         for block in parsed.blocks:
-            if block.valid:
-                items += [(c, "") for c in block.calls]
-            else:
-                items.append((None, _block_error(block, allowed_set)))
+            if not block.items:  # the body is no JSON object or list
+                items.append((None, _ERRORS[block.reason], True))
+            for i, (c, reason) in enumerate(block.items):
+                items.append((c, "", False) if c is not None else
+                             (None, _item_error(block, i, reason), reason in ("type", "name")))
         if max(parsed.n_open, parsed.n_close) > len(parsed.blocks):
-            items.append((None, f"unmatched tag: write {OPEN}{{...}}{CLOSE}"))
+            items.append((None, f"unmatched tag: write {OPEN}{{...}}{CLOSE}", True))
+        if self.debris_ends_episode:
+            items = [it for it in items if not it[2]]
         if len(items) > self.max_calls_per_turn:
-            items = [*items[: self.max_calls_per_turn],
-                     (None, f"too many calls: at most {self.max_calls_per_turn} per turn")]
+            notice = (None, f"too many calls: at most {self.max_calls_per_turn} per turn", True)
+            items = items[: self.max_calls_per_turn] + ([] if self.debris_ends_episode else [notice])
         schemas = schemas_by_name(row.get("tools"))
-        out = [self.simulator.respond(c, schemas.get(c["name"])) if c is not None else error_json(e)
-               for c, e in items]
-        return [truncate(r, self.max_response_chars) for r in out]
+        return [(truncate(self.simulator.respond(c, schemas.get(c["name"])) if c is not None else error_json(e),
+                          self.max_response_chars), c is not None) for c, e, _ in items]
+
+    def respond(self, row: Mapping[str, Any], reply: str) -> list[str] | None:
+        """The tool answers to ``reply`` (truncated, real or not: :meth:`answers`), or None when the reply
+        has no tool-call tag."""
+        answered = self.answers(row, reply)
+        return None if answered is None else [r for r, _ in answered]
 
     def step(self, row: dict[str, Any], turn: int, reply: str) -> Feedback:
-        responses = self.respond(row, reply)
-        if responses is None:
-            return Feedback(done=True, info={"tool_responses": []})
+        answered = self.answers(row, reply)
+        if not answered:
+            return Feedback(done=True, info={"tool_responses": [], "real": []})
         return Feedback(done=turn + 1 >= self.max_turns,
-                        messages=[{"role": "tool", "content": r} for r in responses],
-                        info={"tool_responses": responses})
+                        messages=[{"role": "tool", "content": r} for r, _ in answered],
+                        info={"tool_responses": [r for r, real in answered if real],
+                              "real": [real for _, real in answered]})
 
 
 # ------------------------------------------------------------------------------------------------ rows
@@ -529,7 +546,7 @@ class ToolCallTask(Task):
     one fact per call); flat-gold rows (names only) and irrelevant rows (no direct answer known) are skipped.
 
     ``environment()`` is a :class:`ToolEnvironment` with ``simulator`` (default :class:`ToolSimulator`),
-    ``max_turns`` and ``max_response_chars``.
+    ``max_turns``, ``max_response_chars`` and ``debris_ends_episode``.
     """
 
     name = "toolcall"
@@ -537,7 +554,7 @@ class ToolCallTask(Task):
     def __init__(self, num_train: int | None = 1000, num_test: int = 100, subsets: Any = None,
                  max_distractors: int = 2, seed: int = 0, parquet_path: Any = None,
                  test_parquet_path: Any = None, max_turns: int = 10, max_response_chars: int = 300,
-                 simulator: ToolBackend | None = None) -> None:
+                 simulator: ToolBackend | None = None, debris_ends_episode: bool = True) -> None:
         if max_distractors < 0:
             raise ValueError(f"task.max_distractors={max_distractors}: must be >= 0")
         if num_test < 0 or (num_train is not None and num_train < 0):
@@ -553,6 +570,7 @@ class ToolCallTask(Task):
         self.parquet_path, self.test_parquet_path = parquet_path, test_parquet_path
         self.num_train, self.num_test, self.max_distractors, self.seed = num_train, num_test, max_distractors, seed
         self.max_turns, self.max_response_chars = max_turns, max_response_chars
+        self.debris_ends_episode = bool(debris_ends_episode)
         self.catalog_version = CATALOG_VERSION
         self.simulator = simulator if simulator is not None else ToolSimulator()
         self._gold_sim = ToolSimulator()  # gold plans always come from the deterministic simulator
@@ -648,7 +666,8 @@ class ToolCallTask(Task):
         return self._splits[split]
 
     def environment(self) -> ToolEnvironment:
-        return ToolEnvironment(self.simulator, max_turns=self.max_turns, max_response_chars=self.max_response_chars)
+        return ToolEnvironment(self.simulator, max_turns=self.max_turns, max_response_chars=self.max_response_chars,
+                               debris_ends_episode=self.debris_ends_episode)
 
     def demonstration_rows(self, num: int, seed: int) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
         """``(row, demo)`` pairs: the demo is the row's gold conversation (:func:`gold_conversation`)."""

@@ -135,6 +135,73 @@ def test_omission_guard():
         slca_advantages(process, summary, mask, ids([1, 1, 1]), should_call_but_no_call=flag)
 
 
+# --- the official CPU test's cases (verl/tests/trainer/ppo/test_slca_grpo_on_cpu.py) ----------------
+
+
+def test_omission_flag_alone_with_a_positive_total_score():
+    # official test_should_no_call_penalty_guard: both rollouts tool + summary ([1, 1, 0, 0, 1, 1, 1, 0, 0, 0]),
+    # process [0.9, 0.3], summary [0.8, 0.4], total [0.2, 0.5] (both >= 0), flag [1, 0]: the flag alone fires.
+    # s_tool = [0, 0.3]: Norm -> mean 0.15, std sqrt(2 * 0.15**2) = 0.21213203 -> +-0.15 / (0.21213203 + 1e-6)
+    # = -+0.70710345; s_sum = [0.2 (the total), 0.4]: mean 0.3, std 0.14142136 -> -+0.1 / (0.14142136 + 1e-6)
+    # = -+0.70710178. Rollout 0 (the higher raw process score) gets the negative tool advantage.
+    mask = t([[1, 1, 0, 0, 1, 1, 1, 0, 0, 0]] * 2, torch.float32)
+    out = slca_advantages(t([0.9, 0.3]), t([0.8, 0.4]), mask, ids([0, 0]), score_total=t([0.2, 0.5]),
+                          should_call_but_no_call=t([1, 0]))
+    a_tool, a_sum = 0.15 / (0.15 * 2**0.5 + 1e-6), 0.1 / (0.1 * 2**0.5 + 1e-6)
+    torch.testing.assert_close(out.parts["tool"], t([-a_tool, a_tool]))
+    torch.testing.assert_close(out.parts["summary"], t([-a_sum, a_sum]))
+    row0 = [-a_tool, -a_tool, 0, 0, -a_sum, -a_sum, -a_sum, 0, 0, 0]
+    torch.testing.assert_close(out.advantages[0], t(row0))
+    assert out.metrics["credit/omission_frac"] == 0.5
+    # without the flag nothing fires (every total >= 0): Norm([0.9, 0.3]) = +-0.70710560 on the tool tokens
+    plain = slca_advantages(t([0.9, 0.3]), t([0.8, 0.4]), mask, ids([0, 0]), score_total=t([0.2, 0.5]))
+    torch.testing.assert_close(plain.parts["tool"], t([0.3, -0.3]) / (0.3 * 2**0.5 + 1e-6))
+
+
+def test_zero_process_weight_silences_the_tool_segment():
+    # official test_zero_process_weight_silences_the_process_segment: the two-segment mask, process [0.8, 0.4],
+    # summary [0.9, 0.5], w_process 0: A_tool = 0 * (+-0.70710428) = 0 on every tool token; A_sum = +-0.70710428
+    mask = t([[0, 1, 1, 0, 0, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0, 1, 1, 1, 0]], torch.float32)
+    out = slca_advantages(t([0.8, 0.4]), t([0.9, 0.5]), mask, ids([0, 0]), w_process=0.0)
+    a = INV_SQRT2
+    assert out.parts["tool"].tolist() == [0.0, 0.0]
+    expected = t([[0, 0, 0, 0, 0, a, a, a, 0, 0], [0, 0, 0, 0, 0, 0, -a, -a, -a, 0]])
+    torch.testing.assert_close(out.advantages, expected)
+
+
+def test_all_ones_response_mask_is_one_summary_run():
+    # official test_all_ones (one run spanning the row): no tool segment, every token is summary.
+    # A_tool: nothing present -> 0; A_sum = Norm([0.9, 0.5]) = +-0.70710428 on all 4 tokens
+    mask = t([[1, 1, 1, 1]] * 2, torch.float32)
+    tool, summ = segment_masks(mask)
+    assert not tool.any() and summ.all()
+    out = slca_advantages(t([0.8, 0.4]), t([0.9, 0.5]), mask, ids([0, 0]))
+    a = INV_SQRT2
+    torch.testing.assert_close(out.advantages, t([[a] * 4, [-a] * 4]))
+    assert out.parts["tool"].tolist() == [0.0, 0.0] and out.metrics["credit/tool_present_frac"] == 0.0
+
+
+def test_none_present_gives_zero_for_that_segment():
+    # official test_nothing_present / test_summary_only: every rollout is one run, so no tool segment is
+    # present anywhere: A_tool = 0 though the process scores differ (1.0 vs 0.5); the summaries normalise
+    # (Norm([0.8, 0.6]) = +-0.1 / (0.14142136 + 1e-6) = +-0.70710178)
+    mask = t([[0, 0, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1]], torch.float32)
+    out = slca_advantages(t([1.0, 0.5]), t([0.8, 0.6]), mask, ids([0, 0]))
+    a = 0.1 / (0.1 * 2**0.5 + 1e-6)
+    assert out.parts["tool"].tolist() == [0.0, 0.0]
+    torch.testing.assert_close(out.advantages, t([[0, 0, a, a, a, 0], [0, 0, 0, -a, -a, -a]]))
+
+
+def test_all_zero_response_mask_gives_zero_everywhere():
+    # official test_no_learnable_tokens: no run anywhere -> neither segment is present in any rollout, so both
+    # advantages are 0 (no fallback to raw scores), the token advantages too, and the guard still applies
+    mask = torch.zeros(2, 10)
+    out = slca_advantages(t([0.5, 0.9]), t([0.5, 0.1]), mask, ids([0, 0]), score_total=t([-0.5, 1.0]))
+    assert out.advantages.abs().sum().item() == 0.0 and out.advantages.shape == (2, 10)
+    assert out.parts["tool"].tolist() == [0.0, 0.0] and out.parts["summary"].tolist() == [0.0, 0.0]
+    assert out.metrics["credit/tool_present_frac"] == 0.0
+
+
 def test_presence_guard_single_tool_segment():
     # only rollout 0 has a tool segment -> A_tool = 0 for the whole group; summaries still normalised:
     # Norm([0.9, 0.5]) = +-0.70710428

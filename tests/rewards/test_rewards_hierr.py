@@ -46,13 +46,18 @@ F = tc(call("f", x=1))  # a valid single-call block
     ("not json", False, "json", 0),
     ('{"name": "f", ', False, "json", 0),
     ('"f"', False, "type", 0),                                             # JSON, but a string
-    ("[]", False, "type", 0),                                              # an empty list
+    ("[]", True, "", 0),                                                   # official: a valid block, no call
     ("[1, 2]", False, "type", 0),                                          # a list, not of dicts
     ('{"arguments": {}}', False, "name", 0),
     ('{"name": 3, "arguments": {}}', False, "name", 0),
+    ('{"name": "", "arguments": {}}', False, "name", 0),                   # official: the name must be non-empty
     ('{"name": "zzz", "arguments": {}}', False, "unknown_tool", 0),
     ('{"name": "f", "arguments": "{}"}', False, "arguments", 0),           # arguments as a string
-    ('{"name": "f"}', False, "arguments", 0),
+    ('{"name": "f", "arguments": [1]}', False, "arguments", 0),            # a truthy non-dict
+    # official `arguments or parameters or {}`: missing, null or falsy arguments read as {} (valid)
+    ('{"name": "f"}', True, "", 1),
+    ('{"name": "f", "arguments": null}', True, "", 1),
+    ('{"name": "f", "arguments": ""}', True, "", 1),
     ('{"name": "f", "arguments": {}}', True, "", 1),
     ('{"name": "f", "parameters": {"x": 1}}', True, "", 1),                # parameters accepted
     ('[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"y": 2}}]', True, "", 2),  # parallel
@@ -67,6 +72,12 @@ def test_block_validity(body, valid, reason, n_calls):
 def test_parameters_normalised_to_arguments_and_allowed_none():
     p = parse_tool_calls(tc({"name": "f", "parameters": {"x": 1}}), ALLOWED)
     assert p.calls == [call("f", x=1)]
+    # empty or null arguments fall back to parameters (official `arguments or parameters or {}`)
+    for empty in ({}, None):
+        p = parse_tool_calls(tc({"name": "f", "arguments": empty, "parameters": {"x": 1}}), ALLOWED)
+        assert p.calls == [call("f", x=1)]
+    assert parse_tool_calls(tc({"name": "f", "arguments": {"y": 2}, "parameters": {"x": 1}}), ALLOWED).calls == [
+        call("f", y=2)]  # non-empty arguments win
     # allowed_tools=None: any name; a JSON-string list is parsed
     assert parse_tool_calls(tc(call("zzz")), None).n_valid == 1
     assert parse_tool_calls(tc(call("zzz")), '["zzz"]').n_valid == 1
@@ -79,11 +90,29 @@ def test_think_is_stripped_before_parsing():
     assert (p.n_open, p.n_close, [c["name"] for c in p.calls]) == (1, 1, ["f"])
 
 
+def test_blocks_run_from_an_open_tag_to_the_first_close_tag():
+    # official <tool_call>(.*?)</tool_call>: the block opened first holds the second open tag, so its body
+    # "oops<tool_call>{...}" is no JSON: 0 valid blocks of max(2 open, 1 close)
+    p = parse_tool_calls("<tool_call>oops" + F, ALLOWED)
+    assert (p.n_open, p.n_close, [b.reason for b in p.blocks], p.calls) == (2, 1, ["json"], [])
+
+
+def test_a_list_block_with_a_bad_item_is_invalid_but_its_good_items_are_executed():
+    # the reward scores the block invalid (official reward); the environment runs its good items (official
+    # environment): ParsedCalls.executed
+    p = parse_tool_calls(tc([call("f", x=1), call("zzz"), 7]), ALLOWED)
+    assert (p.n_valid, p.calls, p.executed) == (0, [], [call("f", x=1)])
+    assert [r for _, r in p.blocks[0].items] == ["", "unknown_tool", "type"]
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("<think>a</think>b", "b"),
     ("<think>a</think>b<think>c</think>d", "bd"),
-    ("a</think>b", "b"),            # template opened <think> in the prompt
-    ("a<think>b", "a"),             # truncated reasoning
+    ("<thinking>a</thinking>b", "b"),         # official: <thinking> too
+    ("<think>a</thinking>b<thinking>c</think>d", "bd"),  # official: either close tag closes either open
+    ("a</think>b", "a</think>b"),             # official: only complete pairs are removed
+    ("a<think>b", "a<think>b"),
+    ("<think><think>a</think>b</think>c", "b</think>c"),  # shortest from the first open tag
     ("plain", "plain"),
 ])
 def test_strip_think(text, expected):
@@ -102,7 +131,7 @@ BAD_ARGS = tc('{"name": "f", "arguments": 3}')
     (F + F, 1.0),                                       # 2 / max(2, 2)
     (F + "<tool_call>", 0.5),                           # unbalanced: 1 valid / max(2 open, 1 close)
     (F + "</tool_call>", 0.5),                          # 1 / max(1, 2)
-    ("<tool_call>oops" + F, 0.5),                       # innermost block is F: 1 / max(2, 1)
+    ("<tool_call>oops" + F, 0.0),                       # one block "oops<tool_call>{..}": 0 / max(2, 1)
     (BAD_JSON, 0.0),                                    # 0 / 1
     (F + UNKNOWN, 0.5),                                 # 1 / 2
     (F + BAD_JSON + BAD_ARGS, 1 / 3),                   # 1 / 3
@@ -136,19 +165,32 @@ def test_name_through_tool_process_score():
 
 
 # ------------------------------------------------------------------------------------------------ key / value
+# The official order: None; string forms str(x).strip().lower(); float(); the boolean strings
+# {"true", "false", "1", "0"}; sorted-key JSON of two lists/dicts; else not equal.
 @pytest.mark.parametrize(("gold", "pred", "expected"), [
     (True, "true", True), (True, " TRUE ", True), (True, "1", True), (False, "0", True), (True, 1, True),
     (False, "False", True), (True, "yes", False), (True, False, False), (2, True, False),
     (3, 3.0, True), (3, "3", True), (0.1 + 0.2, 0.3, True), (1.0, 1.0 + 1e-10, True),
     (1.0, 1.0 + 1e-8, False),
     (3, "three", False), (10**400, 1.0, False),
-    ("Seoul", " seoul ", True), ("a", "b", False), ("1", "true", False),   # two strings: string rule only
+    ("Seoul", " seoul ", True), ("a", "b", False),
+    # gold "True" vs 1: string forms "true" != "1", float("True") fails, both boolean strings -> True == True
+    ("True", 1, True),
+    ("1", "true", True),                      # two strings, both boolean strings: True == True
+    ("yes", True, False),                     # "yes" is no boolean string
+    (1, 1.0, True),                           # "1" != "1.0", but float 1.0 == 1.0
+    ("1_000", 1000, True),                    # float("1_000") = 1000.0, as Python reads it
+    ("NaN", "nan", True),                     # equal string forms, though float nan != nan
     ([1, 2], [1, 2], True), ([1, 2], [2, 1], False), ({"b": 1, "a": 2}, {"a": 2, "b": 1}, True),
-    ([1, 2], "[1, 2]", True), ({"a": 1}, "not json", False),
-    (None, None, True), (None, "", False),
+    ([1, 2], "[1, 2]", True),                 # str([1, 2]) == "[1, 2]"
+    ([1, 2], "[1,2]", False),                 # "[1, 2]" != "[1,2]" and a string is not JSON-parsed
+    ({"a": 1}, "{'a': 1}", True),             # str({"a": 1}) == "{'a': 1}"
+    ({"a": 1}, "not json", False),
+    (None, None, True), (None, "", False), ("None", None, False),  # None only equals None
 ])
 def test_loose_equal(gold, pred, expected):
     assert loose_equal(gold, pred) is expected
+    assert loose_equal(pred, gold) is expected  # the official rule is symmetric
 
 
 @pytest.mark.parametrize(("gold", "pred", "key", "value"), [
@@ -172,6 +214,16 @@ def test_loose_equal(gold, pred, expected):
     ([], [call("f", x=1)], 1.0, 1.0),
     ([call("f", x=1)], [], 0.0, 0.0),              # no predictions -> both 0
     ([call("f", x=1)], [call("g", x=1)], 0.0, 0.0),  # predictions, but none of the name
+    # official: a pair is only made when key + value > 0. g0 = f(a=1) vs p0 = f(b=2): Jaccard {a} vs {b} = 0,
+    # no shared key -> value 0; 0 + 0 is not > 0, so p0 stays free; g1 = f(b=2) takes it (1, 1).
+    # key = (0 + 1)/2 = 0.5, value = (0 + 1)/2 = 0.5 (consuming p0 for g0 would give 0, 0)
+    ([call("f", a=1), call("f", b=2)], [call("f", b=2)], 0.5, 0.5),
+    # a tie goes to the first prediction (strict >): g0 = f(x=1) scores 1 + 0 with p0 = f(x=3) and with
+    # p1 = f(x=2) and takes p0; g1 = f(x=2) takes p1 (1 + 1). key (1 + 1)/2 = 1, value (0 + 1)/2 = 0.5
+    # (had the tie gone to p1, g1 would get p0: value (0 + 0)/2 = 0)
+    ([call("f", x=1), call("f", x=2)], [call("f", x=3), call("f", x=2)], 1.0, 0.5),
+    # gold "True" vs predicted 1: the boolean strings "true" and "1" agree -> key 1, value 1
+    ([call("f", flag="True")], [call("f", flag=1)], 1.0, 1.0),
 ])
 def test_key_value(gold, pred, key, value):
     assert key_value_scores(pred, gold) == pytest.approx((key, value))
@@ -225,6 +277,21 @@ def test_perfect_and_empty_cases():
     assert tool_process_score("", gold, ALLOWED)["process"] == 0.0
 
 
+def test_process_with_a_same_name_prediction_that_matches_nothing():
+    # gold one parallel step [f(a=1), f(b=2)], prediction one block [f(b=2)]: format 1/1; name: pred [f]
+    # vs gold [f, f], tp 1 -> 2*1/(1+2) = 2/3; key = value = 0.5 (test_key_value); parallel 1 call vs 2 -> 0.
+    # process = 0.10*1 + 0.25*2/3 + 0.15*0.5 + 0.20*0.5 + 0.30*0 = 0.1 + 0.16667 + 0.075 + 0.1 = 0.44167
+    s = tool_process_score(tc(call("f", b=2)), [[call("f", a=1), call("f", b=2)]], ALLOWED)
+    assert (s["key"], s["value"]) == pytest.approx((0.5, 0.5))
+    assert s["process"] == pytest.approx(0.1 + 0.25 * 2 / 3 + 0.075 + 0.1)
+
+
+def test_empty_gold_steps_are_dropped():
+    # official: [[], [f]] reads as one step [f]; parallel then compares against f's step (1 == 1)
+    assert normalize_gold_calls([[], [call("f", x=1)]]) == [[call("f", x=1)]]
+    assert tool_process_score(F, [[], [call("f", x=1)]], ALLOWED)["process"] == pytest.approx(1.0)
+
+
 def test_gold_arguments_as_json_string_and_flat_gold():
     text = tc(call("get_weather", city="Seoul"))
     nested = [[{"name": "get_weather", "arguments": '{"city": "Seoul"}'}]]
@@ -237,8 +304,9 @@ def test_gold_arguments_as_json_string_and_flat_gold():
 def test_normalize_gold_calls():
     a, b = call("a"), call("b", x=1)
     assert normalize_gold_calls([]) == [] and normalize_gold_calls(None) == []
-    assert normalize_gold_calls(["a", "b"]) == [[a], [call("b")]]                 # flat names
-    assert normalize_gold_calls([{"name": "a"}, {"name": "b", "arguments": '{"x": 1}'}]) == [[a], [b]]  # flat
+    # flat (first element not a list): ONE parallel step, as the official reward reads it
+    assert normalize_gold_calls(["a", "b"]) == [[a, call("b")]]                   # flat names
+    assert normalize_gold_calls([{"name": "a"}, {"name": "b", "arguments": '{"x": 1}'}]) == [[a, b]]  # flat
     assert normalize_gold_calls([[a, b], [a]]) == [[a, b], [a]]                     # nested: idempotent
     assert normalize_gold_calls([[{"name": "b", "parameters": {"x": 1}}]]) == [[b]]
     openai = {"type": "function", "function": {"name": "b", "arguments": '{"x": 1}'}}
@@ -300,7 +368,9 @@ def test_reward_total_and_judge_inputs():
     parts = ("process", "summary", "should_call_but_no_call", "judge_failed")
     assert [out[k] for k in parts] == [1, 0.75, 0, 0]
     assert set(out) == {"score", *COMPONENTS, "process", "summary", "should_call_but_no_call", "judge_failed",
-                        "gold_steps", "tool_scores", "tool_turn_mask", "tool_exact"}
+                        "no_tool_response", "tool_tag", "valid_call", "gold_steps", "tool_scores",
+                        "tool_turn_mask", "tool_exact"}
+    assert [out[k] for k in ("no_tool_response", "tool_tag", "valid_call", "gold_steps")] == [0, 1, 1, 1]
     assert judge.seen[-1] == (ROW["question"], ['{"rain": true}'], SUMMARY)
 
 
@@ -339,17 +409,61 @@ def test_omission_penalty():
     out = reward(ROW, [f"<think>{CALL}</think>It will rain."], tool_responses=["r"])
     assert (out["score"], out["should_call_but_no_call"]) == (-0.5, 1.0)
     assert judge.seen == []                                           # the judge is not asked
-    # template-opened reasoning in every turn ("...</think>" without "<think>"): stripped per turn
+    # a dangling "</think>" is kept (official: only complete pairs are removed): the call counts, and the
+    # judge sees the last turn as it is
     out = reward(ROW, ["plan</think>" + CALL, "read</think>" + SUMMARY], tool_responses=["r"])
     assert (out["should_call_but_no_call"], out["process"]) == (0.0, 1.0)
-    assert judge.seen[-1][2] == SUMMARY
-    # a broken tag is a tag: no omission, just a low process score
+    assert judge.seen[-1][2] == "read</think>" + SUMMARY
+    # an opening tag is a tag: no omission. The block never closes, so nothing is valid: format 0/1, name 0,
+    # key = value = 0 (no prediction), parallel 0 (0 calls vs 1) -> process 0; no valid call, so the "r"
+    # passed in answered debris and is no real response: summary 0 without the judge -> score 0
+    n_seen = len(judge.seen)
     out = reward(ROW, ["<tool_call>{oops", SUMMARY], tool_responses=["r"])
-    assert out["should_call_but_no_call"] == 0.0 and out["score"] > 0
-    # irrelevant subset: gold [] and no call is no omission: process 0.9 + summary 0.75
+    assert (out["should_call_but_no_call"], out["score"], out["no_tool_response"]) == (0.0, 0.0, 1.0)
+    # the official rule looks for the opening tag only: a lone </tool_call> is an omission (-0.5), and every
+    # component is reported as 0 (name would be 0 anyway; here format 0/1 too)
+    out = reward(ROW, ["</tool_call>", SUMMARY], tool_responses=["r"])
+    assert (out["should_call_but_no_call"], out["score"], out["process"]) == (1.0, -0.5, 0.0)
+    assert len(judge.seen) == n_seen                                  # neither case asked the judge
+    # flat gold of names (no arguments) and no opening tag: key = value = 1 would give process 0.35, but the
+    # omission reports 0 for every component, as the official reward
+    out = reward({**ROW, "gold_tool_calls": ["get_weather"]}, ["It rains."])
+    assert out["score"] == -0.5 and all(out[k] == 0 for k in (*COMPONENTS, "process", "summary"))
+    # irrelevant subset: gold [] and no call is no omission: process 0.9 + summary 0 (no real response)
     out = reward({**ROW, "gold_tool_calls": []}, [SUMMARY], tool_responses=["r"])
-    assert (out["should_call_but_no_call"], out["score"]) == (0.0, pytest.approx(0.9 + 0.75))
+    assert (out["should_call_but_no_call"], out["score"]) == (0.0, pytest.approx(0.9))
     assert HierRReward(omission_score=-1.0)(ROW, ["no"])["score"] == -1.0
+
+
+def test_only_real_tool_responses_reach_the_judge():
+    judge = FixedJudge()
+    reward = HierRReward(judge=judge)
+    # a valid call: the responses passed in are the environment's real ones -> judged, 1 + 0.75
+    out = reward(ROW, [CALL, SUMMARY], tool_responses=['{"rain": true}'])
+    assert (out["score"], out["no_tool_response"], len(judge.seen)) == (1.75, 0.0, 1)
+    # no valid block (unknown tool, bad JSON): whatever responses a caller passes answered debris -> the
+    # judge is not asked, summary 0; process: format 0/1, name 0, key = value = 0, parallel 0 -> 0
+    for debris in ('<tool_call>{"name": "zzz", "arguments": {}}</tool_call>', "<tool_call>{x</tool_call>"):
+        out = reward(ROW, [debris, SUMMARY], tool_responses=['{"error": "unknown tool: zzz"}'])
+        assert (out["score"], out["summary"], out["no_tool_response"], out["valid_call"]) == (0, 0, 1, 0)
+        out = reward(ROW, [debris + "<tool_response>{\"error\": \"x\"}</tool_response>" + SUMMARY])
+        assert out["summary"] == 0                                    # nor from a transcript
+    assert len(judge.seen) == 1
+
+
+def test_no_call_prompts_pay_no_summary_unless_official():
+    row = {**ROW, "gold_tool_calls": []}
+    # a valid call on a no-call prompt: format 1, name 0 (pred [get_weather] vs gold []), key = value = 1
+    # (no gold arguments), parallel 0 (1 call vs 0) -> process 0.45
+    judge = FixedJudge()
+    out = HierRReward(judge=judge)(row, [CALL, SUMMARY], tool_responses=["r"])
+    assert (out["score"], out["summary"], judge.seen) == (pytest.approx(0.45), 0.0, [])  # default "zero"
+    # the official reward judges it: 0.45 + 0.75 = 1.2 > 0.9, the direct answer's score
+    out = HierRReward(judge=judge, no_call_summary="judge")(row, [CALL, SUMMARY], tool_responses=["r"])
+    assert (out["score"], out["summary"], len(judge.seen)) == (pytest.approx(1.2), 0.75, 1)
+    assert HierRReward(no_call_summary="judge")(row, [SUMMARY])["score"] == pytest.approx(0.9)
+    with pytest.raises(ValueError, match=r"reward\.no_call_summary='always'"):
+        HierRReward(no_call_summary="always")
 
 
 def test_extract_tool_responses():
@@ -431,3 +545,43 @@ def test_reward_returns_per_turn_tool_scores_and_scores_alternatives_alike():
     assert reward.turn_score(row, 1, "<think>x</think>" + tc(call("g", y=3))) == pytest.approx(0.80)
     single = reward(row, [SUMMARY])  # one reply: a summary, no tool turn
     assert single["tool_scores"] == [] and single["tool_turn_mask"] == [] and single["tool_exact"] == []
+
+
+# ------------------------------------------------------------------------------------------------ official parity
+def test_flat_gold_is_one_parallel_step():
+    # official: a flat gold list is one step. Gold [f(x=1), g(y=2)] flat; the reply makes both calls in one
+    # parallel block: format 1, name 1, key = value = 1, parallel 1 (2 calls in the first block == 2 in
+    # step 0) -> process 1. Two sequential single-call blocks: parallel 0 (1 != 2) -> 1 - 0.30 = 0.70.
+    gold = [call("f", x=1), call("g", y=2)]
+    assert normalize_gold_calls(gold) == [gold]
+    assert tool_process_score(tc(gold), gold, ALLOWED)["process"] == pytest.approx(1.0)
+    assert tool_process_score(tc(gold[0]) + tc(gold[1]), gold, ALLOWED)["process"] == pytest.approx(0.70)
+    with pytest.raises(ValueError, match=r"gold_tool_calls\[1\] must be a list, got str"):
+        normalize_gold_calls([[call("f")], "g"])  # a mixture of the nested and flat forms
+
+
+@pytest.mark.parametrize("allowed", [None, []], ids=["absent", "empty"])
+def test_a_row_without_allowed_tools_scores_zero(allowed):
+    # official: no allowed_tools -> its error result, score 0 with every part 0, the judge not asked; even
+    # the perfect plan and summary (which score 1 + 0.75 with allowed_tools)
+    judge = FixedJudge()
+    row = {k: v for k, v in ROW.items() if k != "allowed_tools"}
+    if allowed is not None:
+        row["allowed_tools"] = allowed
+    reward = HierRReward(judge=judge)
+    out = reward(row, [CALL, SUMMARY], tool_responses=["r"])
+    assert out["score"] == 0 and all(out[k] == 0 for k in (*COMPONENTS, "process", "summary"))
+    assert (out["should_call_but_no_call"], out["tool_scores"], judge.seen) == (0.0, [0.0], [])
+    assert reward.turn_score(row, 0, CALL) == 0.0
+    assert reward({**row, "allowed_tools": ["get_weather"]}, [CALL, SUMMARY], tool_responses=["r"])["score"] == 1.75
+
+
+def test_the_judge_sees_the_results_of_the_good_items_of_a_partly_bad_block():
+    # [get_weather(Seoul), zzz()]: the block is invalid (format 0/1, no prediction: name = key = value = 0,
+    # parallel 0 vs 1) -> process 0; the environment executed the good item, so its result is real and the
+    # summary is judged, as officially: 0 + 0.75
+    judge = FixedJudge()
+    block = tc([call("get_weather", city="Seoul"), call("zzz")])
+    out = HierRReward(judge=judge)(ROW, [block, SUMMARY], tool_responses=['{"rain": true}'])
+    assert (out["process"], out["summary"], out["score"], out["valid_call"]) == (0.0, 0.75, 0.75, 0.0)
+    assert judge.seen == [(ROW["question"], ['{"rain": true}'], SUMMARY)]

@@ -170,6 +170,10 @@ XML = "<response_quality><reasoning>Uses the forecast.</reasoning><rating>4</rat
     ("<rating>10</rating>", None),
     ("<rating>3.5</rating>", None),
     ("rating: 4", None),
+    ("<rating>excellent</rating>", 5),                    # the official judge's words: 1..5
+    ("<rating> Very  Poor </rating>", 1), ("<rating>poor</rating>", 2), ("<rating>acceptable</rating>", 3),
+    ("<response_quality><rating>good</rating></response_quality>", 4),
+    ("<rating>five</rating>", None), ("<rating>not poor</rating>", None),
     ("", None),
     (None, None),
 ])

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lit_credit.rewards.hierr import HierRReward, normalize_gold_calls, tool_process_score
+from lit_credit.rewards.judges import RubricJudge, SummaryJudge
 from lit_credit.tasks.tool_catalog import HANDLERS, SCHEMAS, SUBSETS, TEMPLATES, call_hash, fact
 from lit_credit.tasks.toolcall import (
     DEFAULT_SUBSETS,
@@ -193,23 +194,48 @@ def test_environment_answers_single_parallel_and_multi_step_gold_replies(task):
 def test_environment_answers_invalid_blocks_with_errors_and_truncates():
     row = {"prompt": [], "tools": json.dumps([SCHEMAS["get_weather"], SCHEMAS["get_time"]]),
            "allowed_tools": ["get_weather", "get_time"]}
-    env = ToolEnvironment(max_turns=3)
     call = json.dumps(WEATHER)
+    # blocks, in order: a call; bad JSON (debris); an unknown tool (error answer); a list block of a call and
+    # an item with no string name (debris) and one whose arguments are no object (error answer); then an
+    # unclosed open tag (debris). get_time without arguments is a call (official: arguments read as {}),
+    # answered by the simulator with the schema's complaint.
     reply = (f"<think><tool_call>ignored</tool_call></think><tool_call>{call}</tool_call> <tool_call>{{bad json"
              "</tool_call><tool_call>{\"name\": \"send_email\", \"arguments\": {}}</tool_call>"
-             "<tool_call>[{\"name\": \"get_time\"}]</tool_call><tool_call>{\"name\": \"get_time\"")
+             f"<tool_call>[{call}, {{\"name\": 7}}, {{\"name\": \"get_time\", \"arguments\": \"x\"}}]</tool_call>"
+             "<tool_call>{\"name\": \"get_time\"}</tool_call><tool_call>{\"name\": \"get_time\"")
+    sim = ToolSimulator()
+    answered = sim.respond(WEATHER)
+    no_city = sim.respond({"name": "get_time", "arguments": {}})
+    assert error_of(no_city) == "missing argument: city"
+    # debris_ends_episode=False: every piece answered in order; only the calls' answers are real
+    fb = ToolEnvironment(max_turns=3, debris_ends_episode=False).step(row, 0, reply)
+    messages = [m["content"] for m in fb.messages]
+    assert not fb.done and len(messages) == 8
+    assert [messages[0], messages[3], messages[6]] == [answered, answered, no_city]
+    assert [error_of(messages[i]) for i in (1, 2, 4, 5, 7)] == [
+        "invalid JSON in <tool_call>", "unknown tool: send_email", "a call needs a string name",
+        "a call needs an arguments object", "unmatched tag: write <tool_call>{...}</tool_call>"]
+    assert fb.info["real"] == [True, False, False, True, False, False, True, False]
+    assert fb.info["tool_responses"] == [answered, answered, no_city]
+    # debris_ends_episode=True (default, official): debris gets no answer; calls and error answers stay
+    env = ToolEnvironment(max_turns=3)
+    assert env.debris_ends_episode
     fb = env.step(row, 0, reply)
-    responses = fb.info["tool_responses"]
-    assert not fb.done and len(fb.messages) == 5 and responses[0] == ToolSimulator().respond(WEATHER)
-    assert [error_of(r) for r in responses[1:]] == [
-        "invalid JSON in <tool_call>", "unknown tool: send_email", "a call needs an arguments object",
-        "unmatched tag: write <tool_call>{...}</tool_call>"]
+    assert [m["content"] for m in fb.messages] == [messages[i] for i in (0, 2, 3, 5, 6)]
+    assert fb.info["real"] == [True, False, True, False, True] and not fb.done
+    for debris in ("<tool_call>{bad json</tool_call> It is sunny.", "</tool_call> It is sunny.", "<tool_call>",
+                   '<tool_call>[{"name": null}]</tool_call>'):
+        # nothing answered: the episode ends on this reply, as when no tag is written
+        assert env.step(row, 0, debris) == env.step(row, 0, "It is sunny.")
+        assert ToolEnvironment(debris_ends_episode=False).step(row, 0, debris).messages  # answered, goes on
     assert env.step(row, 0, "<think><tool_call>" + call + "</tool_call></think>It is sunny.").done
     assert env.step(row, 2, f"<tool_call>{call}</tool_call>").done  # the last allowed turn
     short = ToolEnvironment(max_response_chars=40).step(row, 0, f"<tool_call>{call}</tool_call>").messages[0]["content"]
     assert len(short) == 40 and short.endswith(TRUNCATED) and truncate("abc", 40) == "abc"
-    many = ToolEnvironment(max_calls_per_turn=2).step(row, 0, f"<tool_call>[{call}, {call}, {call}]</tool_call>")
+    three = f"<tool_call>[{call}, {call}, {call}]</tool_call>"
+    many = ToolEnvironment(max_calls_per_turn=2, debris_ends_episode=False).step(row, 0, three)
     assert len(many.messages) == 3 and error_of(many.messages[2]["content"]).startswith("too many calls")
+    assert len(ToolEnvironment(max_calls_per_turn=2).step(row, 0, three).messages) == 2  # official: dropped
 
 
 # ------------------------------------------------------------------------------------------------ demonstrations
@@ -283,6 +309,129 @@ def test_chain_steps_copy_a_value_of_the_previous_response_and_gold_turns_score_
     assert set(task.dataset("test")["subset"]) == {"chain"}
 
 
+# ------------------------------------------------------------------------------------------------ no reward hack
+class TopJudge(SummaryJudge):
+    """The most generous judge there is: every reply it is asked about is excellent (5 -> 1.0). A reply it
+    is never asked about (no real tool response, a no-call prompt) scores 0, which is what the guards
+    must secure."""
+
+    def rate(self, question, tool_responses, reply):
+        return 5
+
+
+def play(env, reward, row, replies):
+    """One episode as ``run_episodes`` + ``RolloutDataModule.score`` play it, with scripted replies: each
+    reply goes to the environment; the episode ends when it is done (or at its last turn), and the responses
+    of the turns before are what the reward is given."""
+    used, responses = [], []
+    for turn, text in enumerate(replies[: env.max_turns]):
+        used.append(text)
+        fb = env.step(row, turn, text)
+        if fb.done or turn == env.max_turns - 1:
+            break
+        responses += fb.info.get("tool_responses", [])
+    return reward(row, used, tool_responses=responses)
+
+
+def debris_forms(answer: str) -> dict[str, list[str]]:
+    """Tool-call debris before ``answer``: its own turn, or the same turn."""
+    return {
+        "lone open tag": ["<tool_call>", answer],
+        "lone close tag": ["</tool_call>", answer],
+        "invalid JSON block": ["<tool_call>{bad json</tool_call>", answer],
+        "unknown tool name": ['<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>', answer],
+        "arguments no object": ['<tool_call>{"name": "get_weather", "arguments": "x"}</tool_call>', answer],
+        "no string name": ['<tool_call>[{"name": null}]</tool_call>', answer],
+        "block then direct answer": [f"<tool_call>{{oops</tool_call> {answer}"],
+        "close tag then direct answer": [f"</tool_call> {answer}"],
+    }
+
+
+def valid_calls(task: ToolCallTask) -> dict[str, dict]:
+    """One schema-valid gold call per tool name, from the task's rows that have calls."""
+    calls: dict[str, dict] = {}
+    for split in ("train", "test"):
+        for row in task.dataset(split):
+            for step in normalize_gold_calls(row["gold_tool_calls"]):
+                for c in step:
+                    calls.setdefault(c["name"], c)
+    return calls
+
+
+@pytest.mark.parametrize("ends", [True, False], ids=["debris-ends", "debris-answered"])
+@pytest.mark.parametrize("judge", [RubricJudge(), TopJudge()], ids=["rubric", "top"])
+def test_no_reply_beats_the_direct_answer_on_irrelevant_prompts(task, judge, ends):
+    env = ToolEnvironment(max_turns=task.max_turns, max_response_chars=task.max_response_chars,
+                          debris_ends_episode=ends)
+    reward = HierRReward(judge=judge)
+    pairs = [(r, d) for r, d in task.demonstration_rows(80, seed=5) if r["subset"] == "irrelevant"]
+    calls, sim = valid_calls(task), ToolSimulator()
+    assert len(pairs) >= 5
+    for row, demo in pairs:
+        answer = demo["messages"][-1]["content"]
+        # the right direct answer: no tag -> format 0, name 1 (both empty), key = value = 1 (no gold arguments),
+        # parallel 1 (0 calls == 0) = 0.9; no tool response -> summary 0: score 0.9
+        direct = play(env, reward, row, [answer])
+        assert (direct["score"], direct["summary"], direct["tool_tag"]) == (pytest.approx(0.9), 0.0, 0.0)
+        for form, replies in debris_forms(answer).items():
+            out = play(env, reward, row, replies)
+            # debris holds no valid block: process 0.9 as above (format 0 of >= 1 tag); the environment's
+            # error answers are no real response -> summary 0: a tie with the direct answer, never more
+            assert out["score"] <= direct["score"] + 1e-9, form
+            assert (out["summary"], out["valid_call"], out["tool_tag"]) == (0.0, 0.0, 1.0), form
+        # a real, valid call to an allowed tool, then a faithful summary of its result: format 1, name 0
+        # (a call where none is due), key = value = 1, parallel 0 (1 call vs 0) = 0.45; the summary of a
+        # no-call prompt is 0 (no_call_summary="zero"): 0.45 < 0.9
+        name = next(n for n in row["allowed_tools"] if n in calls)
+        c = calls[name]
+        replies = [tool_call_text([c]), fact(name, c["arguments"], sim.respond(c)) + " " + answer]
+        out = play(env, reward, row, replies)
+        assert (out["score"], out["summary"], out["valid_call"]) == (pytest.approx(0.45), 0.0, 1.0)
+        # the official reward (no_call_summary="judge") judges it like any reply backed by a tool result:
+        # 0.45 + the judge's score, which beats the direct answer whenever the judge gives more than 0.45
+        official = play(env, HierRReward(judge=judge, no_call_summary="judge"), row, replies)
+        assert official["score"] == pytest.approx(0.45 + official["summary"]) and official["summary"] > 0
+        if isinstance(judge, TopJudge):
+            assert official["score"] == pytest.approx(1.45) and official["score"] > direct["score"]
+        # debris stays harmless under the official setting too: no real response, nothing to judge
+        for form, replies in debris_forms(answer).items():
+            assert play(env, HierRReward(judge=judge, no_call_summary="judge"), row, replies)["summary"] == 0, form
+
+
+def plan_replies(row) -> list[str]:
+    """The right plan: each gold step's calls in one turn, then the gold summary (one fact per call)."""
+    demo = gold_conversation(row, ToolSimulator())
+    return [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
+
+
+@pytest.mark.parametrize("ends", [True, False], ids=["debris-ends", "debris-answered"])
+@pytest.mark.parametrize("judge", [RubricJudge(), TopJudge()], ids=["rubric", "top"])
+@pytest.mark.parametrize("subset", ["multi", "chain"])
+def test_debris_never_beats_the_right_plan_on_multi_step_prompts(judge, subset, ends):
+    task = ToolCallTask(num_train=40, num_test=12, subsets={subset: 1.0}, max_distractors=1, max_turns=6,
+                        debris_ends_episode=ends)
+    env, reward = task.environment(), HierRReward(judge=judge)
+    for row in task.dataset("test"):
+        plan = plan_replies(row)
+        right = play(env, reward, row, plan)
+        # every gold step executed: process 1; the summary is judged against the real responses
+        assert right["process"] == pytest.approx(1.0) and right["summary"] > 0
+        calls, summary = plan[:-1], plan[-1]
+        variants = {f"{form}, no plan": replies for form, replies in debris_forms(summary).items()}
+        for form, replies in debris_forms(summary).items():
+            variants[f"{form}, then the plan"] = [replies[0], *calls, summary]   # a debris turn first
+        variants["close tag glued to the first call"] = [calls[0] + "</tool_call>", *calls[1:], summary]
+        variants["invalid block beside the first call"] = [calls[0] + "<tool_call>{x</tool_call>", *calls[1:],
+                                                           summary]
+        variants["lone open tag after the summary"] = [*calls, summary + " <tool_call>"]
+        for name, replies in variants.items():
+            out = play(env, reward, row, replies)
+            # without the plan: no valid call -> process 0 and no real response -> summary 0 (a lone close
+            # tag is an omission, -0.5). With the plan: the same real responses, but format < 1 (a tag that
+            # is no valid block) -> process < 1. Either way below the right plan.
+            assert out["score"] < right["score"], (row["id"], name)
+
+
 # ------------------------------------------------------------------------------------------------ parquet
 def _schema_json(*names: str) -> str:
     return json.dumps([SCHEMAS[n] for n in names])
@@ -325,8 +474,9 @@ def test_toucan_parquet_loader(tmp_path):
     assert json.loads(rows[1]["tools"]) == [SCHEMAS["get_time"], SCHEMAS["get_weather"]]
 
     flat_rows = load_toucan_parquet(tmp_path / "flat.parquet").to_list()
-    assert json.loads(flat_rows[0]["gold_tool_calls"]) == [[{"name": "get_weather", "arguments": {}}],
-                                                           [{"name": "get_news", "arguments": {}}]]
+    # a flat gold list is one parallel step, as the official reward reads it
+    assert json.loads(flat_rows[0]["gold_tool_calls"]) == [[{"name": "get_weather", "arguments": {}},
+                                                            {"name": "get_news", "arguments": {}}]]
     assert [r["id"] for r in flat_rows] == ["flat-0", "flat-1"]
     assert len(load_toucan_parquet(tmp_path)) == 5  # a directory: every parquet file in it
 
