@@ -78,11 +78,33 @@ def test_multi_turn_metrics_by_hand():
     batch = two_turn_batch()
     # Rollout 0 solves at turn 2, rollout 1 never; the task allows 3 turns, so pass@turn3 = pass@turn2.
     logs = turn_metrics(batch.turn_scores, batch.turn_mask, success=1.0, max_turns=3)
+    maintain = logs.pop("maintain_rate")
     assert logs == {"pass@turn1": 0.0, "pass@turn2": 0.5, "pass@turn3": 0.5, "success": 0.5,
-                    "turns_to_success": 2.0, "turns": 1.5}
+                    "regress_after_success": 0.0, "turns_to_success": 2.0, "turns": 1.5}
+    assert math.isnan(maintain)  # stop-at-success episodes: no turn follows a success
     # A kept success counts once, from its first turn: [1, 1] solves at turn 1.
     kept = turn_metrics(torch.tensor([[1.0, 1.0]]), torch.tensor([[True, True]]))
-    assert kept["turns_to_success"] == 1.0 and kept["pass@turn1"] == 1.0
+    assert kept["turns_to_success"] == 1.0 and kept["pass@turn1"] == 1.0 and kept["maintain_rate"] == 1.0
+
+
+def test_multi_turn_metrics_after_success_by_hand():
+    # Continue-after-success episodes, K = 3: KEPT [1, 1, 1], LOST [1, 0, 0], FLIP [0, 1, 0], LATE [0, 0, 1].
+    scores = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    logs = turn_metrics(scores, torch.ones(4, 3, dtype=torch.bool), success=1.0, max_turns=3)
+    assert logs == pytest.approx({
+        "pass@turn1": 2 / 4,  # KEPT, LOST right at turn 1
+        "pass@turn2": 3 / 4,  # + FLIP
+        "pass@turn3": 4 / 4,  # + LATE: best-turn pass rate
+        "success": 2 / 4,  # the final turn is right: KEPT, LATE (the outcome reward=final_turn scores)
+        "regress_after_success": 2 / 4,  # right at some turn, wrong at the last: LOST, FLIP
+        # turns after the first success: KEPT 2 (both right), LOST 2 (wrong), FLIP 1 (wrong), LATE 0 -> 2 / 5
+        "maintain_rate": 2 / 5,
+        "turns_to_success": (1 + 1 + 2 + 3) / 4,
+        "turns": 3.0,
+    })
+    # A half-scored turn (code: 2/4 tests) is no success at success = 1.
+    partial = turn_metrics(torch.tensor([[1.0, 0.5]]), torch.ones(1, 2, dtype=torch.bool))
+    assert partial["success"] == 0.0 and partial["regress_after_success"] == 1.0 and partial["maintain_rate"] == 0.0
 
 
 def test_counterfactual_resampling_uses_exact_histories_and_the_verifier(make_cfg):
@@ -98,6 +120,8 @@ def test_counterfactual_resampling_uses_exact_histories_and_the_verifier(make_cf
     module.augment_experience = lambda batch: seen.append(batch) or augment(batch)
     trainer.fit(module, datamodule=datamodule)
     batch = seen[0]
+    # tcpo_math continues after success (task.stop_on_success=false): every rollout plays all 3 turns.
+    assert batch.turn_mask.shape[1] == 3 and batch.turn_mask.all()
     selected = batch.reward_parts["cf_mask"]
     # top-L = 2 turns per group (every group has >= 2 reached turns: 4 rollouts each).
     assert selected.sum().item() == 2 * 2 and not (selected & ~batch.turn_mask).any()
@@ -113,6 +137,7 @@ def test_counterfactual_resampling_uses_exact_histories_and_the_verifier(make_cf
     m = {k: float(v) for k, v in trainer.callback_metrics.items()}
     assert m["tcpo/cf_turns"] == 4.0 and 0.0 < m["perf/extra_experience_frac"] < 1.0
     assert "train/pass@turn3" in m and "credit/turn_type/improve/frac" in m
+    assert 0.0 <= m["train/regress_after_success"] <= m["train/pass@turn3"]
     if not math.isnan(m["tcpo/cf_alt_mean"]):
         assert m["tcpo/cf_alt_mean"] == pytest.approx(alt[selected].mean().item())
 

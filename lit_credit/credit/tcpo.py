@@ -1,9 +1,11 @@
-"""TCPO: turn-level credit from per-turn verifier scores (methods.md §2).
+"""TCPO: turn-level credit from per-turn verifier scores.
 
 A score is not a credit: a kept success, a turn that enables a later fix and a regression after success
 must be told apart. Scores ``r[i, k]`` exist on the turns rollout i reached (``turn_mask``, a prefix of
-the K turns); everything here is 0 on turns not reached. Turn index k is 0-based here (methods.md counts
-from 1).
+the K turns); everything here is 0 on turns not reached. Turn index k is 0-based here (the paper counts
+from 1). Maintained and regressed turns exist only when an episode can go on after a success
+(``task.stop_on_success=false``); with stop-at-success episodes ``m < tau`` on every reached turn, so the
+``mu`` and ``rho`` terms of :func:`retrospective_credit` never act and ``retro`` equals ``[r - m]_+``.
 """
 
 from __future__ import annotations
@@ -238,8 +240,16 @@ def turns_to_tokens(
 
 def turn_types(scores: Tensor, turn_mask: Tensor, *, tau: float = 1.0, r0: float = 0.0) -> Tensor:
     """Index into ``TURN_TYPES`` per reached turn, -1 elsewhere, with m the best score before the turn
-    (as in :func:`retrospective_credit`): improve ``r > m``; else maintain ``m >= tau and r >= tau``; else
-    regress ``m >= tau and r < m``; else flat.
+    (as in :func:`retrospective_credit`), by which term of ``retro`` acts, in this order:
+
+    - improve: ``r > m`` (the gain ``[r - m]_+ > 0``);
+    - else maintain: ``m >= tau and r >= tau`` (the bonus ``mu``);
+    - else regress: ``m >= tau and r < m`` (the penalty ``rho * [m - r]_+``);
+    - else flat: no term acts, ``retro = 0``.
+
+    With scores in [0, 1] and ``tau = 1`` exactly one term acts on each non-flat turn. With ``tau < 1`` a turn
+    may carry two: ``r > m >= tau`` earns gain and ``mu`` (counted improve), ``tau <= r < m`` earns ``mu`` and
+    pays ``rho * (m - r)`` (counted maintain).
 
     Shape:
         scores: [B, K], turn_mask: [B, K] bool. Output: [B, K] long.

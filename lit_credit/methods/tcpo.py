@@ -1,4 +1,4 @@
-"""TCPO (methods.md §2): the GRPO module with turn credit, counterfactual resampling and multi-turn metrics."""
+"""TCPO: the GRPO module with turn credit, counterfactual resampling and multi-turn metrics."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -12,23 +12,35 @@ from lit_credit.types import RolloutBatch
 
 def turn_metrics(turn_scores: torch.Tensor, turn_mask: torch.Tensor, success: float = 1.0,
                  max_turns: int = 1) -> dict[str, float]:
-    """Multi-turn outcome metrics of a batch.
+    """Multi-turn outcome metrics of a batch, with ``hit[i, k] = r[i, k] >= success`` on reached turns:
 
-    ``pass@turn{k}`` (k = 1..max(max_turns, K)): share of rollouts with a turn scoring >= ``success`` among
-    their first k turns (best-turn pass rate); ``success`` = any turn; ``turns_to_success``: mean 1-based
-    index of the first successful turn over the rollouts that succeed (NaN when none); ``turns``: mean turns.
+    - ``pass@turn{k}`` (k = 1..max(max_turns, K)): share of rollouts with a hit among their first k turns
+      (best-turn pass rate; a rollout that ended earlier keeps its value);
+    - ``success``: share of rollouts whose final turn is a hit (the outcome ``reward=final_turn`` scores;
+      equal to ``pass@turn{K}`` when episodes stop at the first success);
+    - ``regress_after_success``: share of rollouts with a hit at some turn and a final turn that is not one
+      (``pass@turn{K} - success``);
+    - ``maintain_rate``: share of the turns that follow a rollout's first hit that are hits again (NaN when no
+      turn follows a hit, e.g. with ``task.stop_on_success=true``);
+    - ``turns_to_success``: mean 1-based index of the first hit over the rollouts with one (NaN when none);
+    - ``turns``: mean turns taken.
 
     Shape:
-        turn_scores: [B, K] float, turn_mask: [B, K] bool.
+        turn_scores: [B, K] float, turn_mask: [B, K] bool (a prefix of the K turns per rollout).
     """
     mask = turn_mask.bool()
     hit = (turn_scores >= success - 1e-9) & mask
-    within = hit.cummax(1).values.float()
+    seen = hit.cummax(1).values  # a hit at some turn t <= k
+    within = seen.float()
     within = torch.cat([within, within[:, -1:].expand(-1, max(max_turns - within.shape[1], 0))], 1)
-    solved = hit.any(1)
+    solved = seen[:, -1]
+    final = hit.gather(1, (mask.sum(1, keepdim=True) - 1).clamp_min(0)).squeeze(1)
+    after = torch.cat([torch.zeros_like(seen[:, :1]), seen[:, :-1]], 1) & mask  # turns after the first hit
     first = hit.float().argmax(1) + 1.0
     return {**{f"pass@turn{k + 1}": within[:, k].mean().item() for k in range(within.shape[1])},
-            "success": solved.float().mean().item(),
+            "success": final.float().mean().item(),
+            "regress_after_success": (solved & ~final).float().mean().item(),
+            "maintain_rate": ((hit & after).sum() / after.sum()).item() if after.any() else float("nan"),
             "turns_to_success": first[solved].mean().item() if solved.any() else float("nan"),
             "turns": mask.sum(1).float().mean().item()}
 
@@ -44,9 +56,10 @@ class TCPOModule(GRPOModule):
     each alternative scored by :meth:`score_alternative` (the environment's verifier at that turn); the result is
     ``reward_parts["alt_scores"]`` [B, K, M] (NaN where not sampled) and ``reward_parts["cf_mask"]`` [B, K].
 
-    Metrics (``<stage>/``): ``pass@turn{k}`` (best-turn pass rate within the first k turns, k = 1..K),
-    ``success`` (= pass@turn K), ``turns_to_success`` (mean 1-based turn of the first success, over the
-    rollouts that succeed), ``turns`` (mean turns taken); ``tcpo/cf_turns`` and ``tcpo/cf_alt_mean`` when
+    Metrics (``<stage>/``, see :func:`turn_metrics`): ``pass@turn{k}`` (best-turn pass rate within the
+    first k turns, k = 1..K), ``success`` (the final turn succeeds: the outcome), ``regress_after_success``,
+    ``maintain_rate``, ``turns_to_success`` (mean 1-based turn of the first success, over the rollouts that
+    succeed), ``turns`` (mean turns taken); ``tcpo/cf_turns`` and ``tcpo/cf_alt_mean`` when
     counterfactuals run. Credit by turn type and turn index come from the estimator (``credit/turn_type/*``,
     ``credit/turn/*``).
     """

@@ -8,6 +8,10 @@ from typing import Any
 class FinalTurnReward:
     """``score`` = the verifier score of the last turn (the outcome the episode ended with).
 
+    With ``task.stop_on_success=true`` the last turn is the first success or turn ``max_turns``, so
+    ``score == best``; with ``false`` every episode runs ``max_turns`` turns and a success that is later
+    lost scores the lost turn's value (``score < best``): keeping a right answer is part of the outcome.
+
     Parts: ``best`` (max over turns), ``first`` (the first turn's score), ``turns`` (turns taken). Unscored
     turns (None) count as 0. The environment must score turns (``math_revise``, ``code_revise``).
     """

@@ -1,8 +1,10 @@
-"""Task ``code_revise``: TCPO's multi-turn code refinement (methods.md §2).
+"""Task ``code_revise``: TCPO's multi-turn code refinement.
 
 The policy writes a small Python function; the verifier runs it against assert tests in a sandbox
 (:func:`~lit_credit.tasks.sandbox.run_sandboxed`), scores the fraction that pass and, below 1, says how many
-passed and which test failed first. The episode stops at success or after ``max_turns`` turns.
+passed and which test failed first. With ``stop_on_success`` the episode stops at success or after
+``max_turns`` turns; without it, it always runs ``max_turns`` turns, code that passes every test is answered
+with the neutral ``"<n>/<n> tests passed."`` and the final turn decides (see :mod:`lit_credit.tasks.revise`).
 
 Problems are synthetic: :data:`TEMPLATES` (12 kinds: add a constant, multiple-of, clamp, count a character,
 reverse words, sum of the k largest, max with default, digit sum in base b, fizz, count greater, range sum,
@@ -21,7 +23,7 @@ from typing import Any
 import datasets
 
 from lit_credit.tasks.base import Task
-from lit_credit.tasks.revise import RevisionEnvironment, Verdict
+from lit_credit.tasks.revise import RevisionEnvironment, Verdict, check_stop_on_success
 from lit_credit.tasks.sandbox import SandboxResult, run_sandboxed, run_trusted
 
 INSTRUCTION = "Answer with only the code in a ```python block."
@@ -247,12 +249,15 @@ class CodeReviseTask(Task):
 
     Demonstrations (never on test problems): a share ``revise_frac`` (when ``max_turns > 1``) first answers
     with the template's bug, sees exactly the feedback the environment gives that code, then answers right.
+    Without ``stop_on_success`` every demonstration then runs to ``max_turns`` turns: the verifier's
+    all-passed message, then the same right code again (a kept answer).
     """
 
     name = "code_revise"
 
     def __init__(self, num_train: int = 500, num_test: int = 50, max_turns: int = 3, timeout_s: float = 2.0,
-                 memory_mb: int = 256, seed: int = 0, revise_frac: float = 0.3) -> None:
+                 memory_mb: int = 256, seed: int = 0, revise_frac: float = 0.3,
+                 stop_on_success: bool = True) -> None:
         if num_train < 1 or num_test < 1 or num_train + num_test > SPACE:
             raise ValueError(f"task.num_train={num_train}, task.num_test={num_test}: both must be >= 1 and their sum "
                              f"at most the {SPACE} distinct problems; lower the counts")
@@ -266,6 +271,8 @@ class CodeReviseTask(Task):
             raise ValueError(f"task.revise_frac={revise_frac}: must be in [0, 1]")
         self.num_train, self.num_test, self.max_turns = num_train, num_test, max_turns
         self.timeout_s, self.memory_mb, self.seed, self.revise_frac = timeout_s, memory_mb, seed, revise_frac
+        # a plain attribute, so part of the embedded policy's cache key: it changes the demonstrations
+        self.stop_on_success = check_stop_on_success(stop_on_success)
         self._splits: dict[str, datasets.Dataset] = {}
 
     def dataset(self, split: str) -> datasets.Dataset:
@@ -284,7 +291,7 @@ class CodeReviseTask(Task):
 
     def environment(self) -> RevisionEnvironment:
         verifier = partial(code_verdict, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
-        return RevisionEnvironment(verifier, max_turns=self.max_turns)
+        return RevisionEnvironment(verifier, max_turns=self.max_turns, stop_on_success=self.stop_on_success)
 
     def demonstrations(self, num: int, seed: int) -> Iterable[dict[str, Any]]:
         held_out = set(self.dataset("test")["id"])
@@ -299,5 +306,11 @@ class CodeReviseTask(Task):
                 feedback = code_feedback(run_trusted(problem.bug, problem.tests), problem.tests)
                 messages += [{"role": "assistant", "content": gold_reply(problem.bug)},
                              {"role": "user", "content": feedback}]
-            yield {"messages": [*messages, {"role": "assistant", "content": gold_reply(problem.solution)}]}
+            right = {"role": "assistant", "content": gold_reply(problem.solution)}
+            messages.append(right)
+            if not self.stop_on_success:  # kept to max_turns turns after the environment's all-passed message
+                passed = {"role": "user", "content": code_feedback(run_trusted(problem.solution, problem.tests),
+                                                                   problem.tests)}
+                messages += [passed, right] * (self.max_turns - sum(m["role"] == "assistant" for m in messages))
+            yield {"messages": messages}
             made += 1

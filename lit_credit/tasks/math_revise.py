@@ -1,8 +1,10 @@
-"""Task ``math_revise``: TCPO's multi-turn math refinement (methods.md §2).
+"""Task ``math_revise``: TCPO's multi-turn math refinement.
 
 Each turn the policy answers; a verifier (:func:`~lit_credit.rewards.math_answer.math_score`, math-verify
 equivalence) scores the answer 0 or 1 and, on a miss, says so (with a too-high / too-low hint when both
-answers are numbers); the episode stops at success or after ``max_turns`` turns.
+answers are numbers). With ``stop_on_success`` the episode stops at success or after ``max_turns`` turns;
+without it, it always runs ``max_turns`` turns, a right answer is answered with :data:`CORRECT` and the
+final turn decides (see :mod:`lit_credit.tasks.revise`).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import datasets
 
 from lit_credit.rewards.math_answer import extract_answer, load_math_jsonl, math_score
 from lit_credit.tasks.base import Task
-from lit_credit.tasks.revise import RevisionEnvironment, Verdict
+from lit_credit.tasks.revise import RevisionEnvironment, Verdict, check_stop_on_success
 
 NAMES = ("Ana", "Ben", "Chloe", "Dev", "Eun", "Femi", "Gus", "Hana")
 ITEMS = ("apples", "books", "coins", "pens", "cards", "shells")
@@ -29,6 +31,7 @@ WORD = (
 ARITH = (("What is {a} + {b} - {c}?", lambda a, b, c: a + b - c),
          ("What is {a} * {b} + {c}?", lambda a, b, c: a * b + c),
          ("What is {a} + {b} * {c}?", lambda a, b, c: a + b * c))
+CORRECT = "Your answer is correct."  # the verifier's neutral reply to a right answer (shown when the episode goes on)
 
 
 def _number(text: str | None) -> float | None:
@@ -39,11 +42,12 @@ def _number(text: str | None) -> float | None:
 
 
 def math_verdict(row: dict[str, Any], reply: str) -> Verdict:
-    """Score 1 when the reply's answer is equivalent to ``row["answer"]`` (math-verify), else 0 with feedback:
+    """Score 1 with feedback :data:`CORRECT` when the reply's answer is equivalent to ``row["answer"]``
+    (math-verify), else 0 with feedback:
     ``"<x> is too high. Try again."`` / ``"too low"`` when both are numbers, otherwise ``"... is wrong"`` or
     ``"No answer found. Reply with the answer."``."""
     if math_score(reply, row["answer"]) == 1.0:
-        return Verdict(1.0, "Correct.")
+        return Verdict(1.0, CORRECT)
     pred = extract_answer(reply)
     if pred is None:
         return Verdict(0.0, "No answer found. Reply with the answer.")
@@ -64,17 +68,20 @@ class MathReviseTask(Task):
     JSONL mode (``jsonl_path``, e.g. MATH-500): rows from
     :func:`~lit_credit.rewards.math_answer.load_math_jsonl`; the test split is ``test_jsonl_path`` or the
     first ``num_test`` rows of a seeded shuffle. Only their final answers are known, so demonstrations are
-    single-turn ``\\boxed{answer}`` replies.
+    ``\\boxed{answer}`` replies (single-turn, or kept to ``max_turns`` turns without ``stop_on_success``).
 
     Demonstrations (synthetic): a share ``revise_frac`` first answers wrongly (off by 1-3), sees the
-    verifier's hint and answers right, so the warm-started policy knows what a revision looks like.
+    verifier's hint and answers right, so the warm-started policy knows what a revision looks like. Without
+    ``stop_on_success`` every demonstration then runs to ``max_turns`` turns: after the right answer the
+    verifier says :data:`CORRECT` and the demonstration repeats the right answer, so the policy knows the
+    protocol (a kept answer) before RL.
     """
 
     name = "math_revise"
 
     def __init__(self, num_train: int = 2000, num_test: int = 100, max_turns: int = 3, kinds: str = "word,arith",
                  max_operand: int = 12, revise_frac: float = 0.4, seed: int = 0, jsonl_path: str | None = None,
-                 test_jsonl_path: str | None = None) -> None:
+                 test_jsonl_path: str | None = None, stop_on_success: bool = True) -> None:
         self.kinds = tuple(k for k in kinds.replace(" ", "").split(",") if k)
         if not self.kinds or set(self.kinds) - {"word", "arith"}:
             raise ValueError(f"task.kinds={kinds!r}: use 'word', 'arith' or 'word,arith'")
@@ -88,6 +95,8 @@ class MathReviseTask(Task):
         self.max_operand, self.revise_frac, self.seed = max_operand, revise_frac, seed
         self.kinds_key = ",".join(self.kinds)
         self.jsonl_path, self.test_jsonl_path = jsonl_path, test_jsonl_path
+        # a plain attribute, so part of the embedded policy's cache key: it changes the demonstrations
+        self.stop_on_success = check_stop_on_success(stop_on_success)
         self._splits: dict[str, datasets.Dataset] = {}
 
     # ------------------------------------------------------------------ synthetic problems
@@ -139,7 +148,14 @@ class MathReviseTask(Task):
         return self._splits[split]
 
     def environment(self) -> RevisionEnvironment:
-        return RevisionEnvironment(math_verdict, max_turns=self.max_turns)
+        return RevisionEnvironment(math_verdict, max_turns=self.max_turns, stop_on_success=self.stop_on_success)
+
+    def _keep(self, messages: list[dict[str, str]], right: str) -> list[dict[str, str]]:
+        """``messages`` ending in the right answer ``right``; without ``stop_on_success``, continued to
+        ``max_turns`` assistant turns by the verifier's :data:`CORRECT` and the same answer again."""
+        turns = sum(m["role"] == "assistant" for m in messages)
+        repeat = [{"role": "user", "content": CORRECT}, {"role": "assistant", "content": right}]
+        return messages + ([] if self.stop_on_success else repeat * (self.max_turns - turns))
 
     def demonstrations(self, num: int, seed: int) -> Iterable[dict[str, Any]]:
         held_out = set(self.dataset("test")["id"])
@@ -147,7 +163,8 @@ class MathReviseTask(Task):
             rows = list(self.dataset("train"))
             for i in range(num):
                 row = rows[i % len(rows)]
-                yield {"messages": [*row["prompt"], {"role": "assistant", "content": f"\\boxed{{{row['answer']}}}"}]}
+                right = f"\\boxed{{{row['answer']}}}"
+                yield {"messages": self._keep([*row["prompt"], {"role": "assistant", "content": right}], right)}
             return
         rng, made = random.Random(f"demo:{self.seed}:{seed}"), 0
         for row in self._draws(random.Random(f"demo-rows:{self.seed}:{seed}")):
@@ -159,7 +176,7 @@ class MathReviseTask(Task):
                 if wrong != row["answer"]:
                     messages += [{"role": "assistant", "content": wrong},
                                  {"role": "user", "content": math_verdict(row, wrong).feedback}]
-            yield {"messages": [*messages, {"role": "assistant", "content": row["answer"]}]}
+            yield {"messages": self._keep([*messages, {"role": "assistant", "content": row["answer"]}], row["answer"])}
             made += 1
             if made == num:
                 return

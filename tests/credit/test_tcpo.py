@@ -1,4 +1,4 @@
-"""TCPO turn credit (methods.md §2): retrospective, hindsight, counterfactual, presets, normalisation."""
+"""TCPO turn credit: retrospective, hindsight, counterfactual, presets, normalisation, turn types."""
 
 import math
 
@@ -419,3 +419,62 @@ def test_property_longer_feedback_changes_nothing(layout, extra):
         and (more[wider < 0] == 0).all()
         and (out[run < 0] == 0).all()
     )
+
+
+# --- continue-after-success episodes (task.stop_on_success=false) -------------------------------------------
+# One group of four 0/1 rollouts that all run K = 3 turns (tau = 1, mu = 0.1, rho = 1, r0 = 0):
+#   KEPT [1, 1, 1] keeps its success; LOST [1, 0, 0] regresses after success and stays wrong;
+#   FLIP [0, 1, 0] fixes then regresses; LATE [0, 0, 1] is solved at the last turn.
+CONTINUE = [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+# The same problems with stop-at-success episodes: each ends at its first success (LOST's drop never happens).
+STOPPED = [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+STOPPED_MASK = [[M, _, _], [M, _, _], [M, M, _], [M, M, M]]
+
+
+def test_retro_equals_diff_when_episodes_stop_at_success():
+    # Before the first success every 0/1 score is 0, so m = r_prev and [r - m]_+ = r - r_prev; no turn has
+    # m >= tau, so mu and rho never act: retro == diff, the reason stop-at-success episodes cannot test TCPO.
+    scores, mask, gids = t(STOPPED), bools(STOPPED_MASK), ids([0] * 4)
+    retro = tcpo_turn_advantages(scores, mask, gids, preset="retro", normalize="none")
+    diff = tcpo_turn_advantages(scores, mask, gids, preset="diff", normalize="none")
+    torch.testing.assert_close(retro, diff)
+    torch.testing.assert_close(retro, t([[1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]]))
+
+
+def test_retro_differs_from_diff_by_the_mu_and_rho_terms_after_success():
+    scores, mask, gids = t(CONTINUE), bools([[M] * 3] * 4), ids([0] * 4)
+    retro = tcpo_turn_advantages(scores, mask, gids, preset="retro", normalize="none")
+    diff = tcpo_turn_advantages(scores, mask, gids, preset="diff", normalize="none")
+    # m = best before: KEPT [0, 1, 1], LOST [0, 1, 1], FLIP [0, 0, 1], LATE [0, 0, 0].
+    # retro = [r - m]_+ + 0.1 * 1[m >= 1, r >= 1] - 1 * 1[m >= 1] * [m - r]_+:
+    #   KEPT [1, 0 + 0.1, 0 + 0.1]; LOST [1, -1, -1]; FLIP [0, 1, -1]; LATE [0, 0, 1].
+    torch.testing.assert_close(retro, t([[1, 0.1, 0.1], [1, -1, -1], [0, 1, -1], [0, 0, 1]]))
+    # diff = r_k - r_{k-1}: KEPT [1, 0, 0]; LOST [1, -1, 0]; FLIP [0, 1, -1]; LATE [0, 0, 1].
+    torch.testing.assert_close(diff, t([[1, 0, 0], [1, -1, 0], [0, 1, -1], [0, 0, 1]]))
+    # retro - diff: the kept success earns mu twice; the lasting regression pays rho again at turn 3 (diff
+    # only sees the drop once); a single drop after success (rho * 1 = -1) and a late fix agree.
+    torch.testing.assert_close(retro - diff, t([[0, 0.1, 0.1], [0, 0, -1], [0, 0, 0], [0, 0, 0]]))
+    # And retro minus its gain-only version (mu = rho = 0) is exactly the mu and rho terms.
+    gain = retrospective_credit(scores, mask, mu=0.0, rho=0.0)
+    torch.testing.assert_close(gain, t([[1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]]))
+    torch.testing.assert_close(retro - gain, t([[0, 0.1, 0.1], [0, -1, -1], [0, 0, -1], [0, 0, 0]]))
+
+
+def test_turn_type_shares_after_success():
+    scores, mask = t(CONTINUE), bools([[M] * 3] * 4)
+    # KEPT [improve, maintain, maintain]; LOST [improve, regress, regress]; FLIP [flat (0 = r0), improve,
+    # regress]; LATE [flat, flat, improve] -> of 12 turns: improve 4, maintain 2, regress 3, flat 3.
+    assert turn_types(scores, mask).tolist() == [[1, 2, 2], [1, 3, 3], [0, 1, 3], [0, 0, 1]]
+    turn_ids = torch.tensor([[-1, 0, -1, 1, -1, 2]] * 4)
+    out = TCPOCredit(preset="retro", normalize="none")(_batch(scores, mask, ids([0] * 4), turn_ids))
+    m = out.metrics
+    frac = {k: m[f"credit/turn_type/{k}/frac"] for k in TURN_TYPES}
+    assert frac == pytest.approx({"improve": 4 / 12, "maintain": 2 / 12, "regress": 3 / 12, "flat": 3 / 12})
+    # With normalize=none A = retro: maintain turns earn mu, regressions after success cost rho * 1.
+    assert m["credit/turn_type/maintain/adv_mean"] == pytest.approx(0.1)
+    assert m["credit/turn_type/regress/adv_mean"] == pytest.approx(-1.0)
+    assert m["credit/turn_type/improve/adv_mean"] == pytest.approx(1.0)
+    assert m["credit/turn_type/flat/adv_mean"] == 0.0
+    # The stopped episodes of the same problems have no maintain or regress turn at all.
+    stopped = TCPOCredit(preset="retro")(_batch(t(STOPPED), bools(STOPPED_MASK), ids([0] * 4), turn_ids)).metrics
+    assert stopped["credit/turn_type/maintain/frac"] == stopped["credit/turn_type/regress/frac"] == 0.0

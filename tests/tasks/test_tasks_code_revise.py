@@ -130,3 +130,32 @@ def test_demonstrations(task: CodeReviseTask) -> None:
         assert env.step(row, 1, final["content"]).score == 1.0
     assert all(len(d["messages"]) == 2 for d in CodeReviseTask(num_train=50, num_test=10, max_turns=1)
                .demonstrations(50, seed=0))
+
+
+def test_continue_after_success_mode() -> None:
+    # task.stop_on_success=false: passing code is answered with the verifier's all-passed message and the
+    # episode goes on to max_turns turns; the demonstrations keep the right code to the last turn.
+    task = CodeReviseTask(num_train=60, num_test=10, max_turns=3, seed=5, stop_on_success=False)
+    env = task.environment()
+    row = next(r for r in task.dataset("train") if r["entry_point"] == "clamp")
+    n = len(row["tests"])
+    right = env.step(row, 0, gold_reply(row["solution"]))
+    assert (right.done, right.score) == (False, 1.0)
+    assert right.messages == [{"role": "user", "content": f"{n}/{n} tests passed."}]  # neutral: no "Fix"
+    assert env.step(row, 2, gold_reply(row["solution"])).done  # turn K ends it
+    demos = list(task.demonstrations(60, seed=1))
+    for demo in demos:
+        turns = demo["messages"][1:]
+        assert [m["role"] for m in turns] == ["assistant", "user"] * 2 + ["assistant"]
+        code = turns[-1]["content"]
+        first = next(k for k, m in enumerate(turns[::2]) if m["content"] == code)
+        assert first <= 1 and all(m["content"] == code for m in turns[2 * first::2])
+    by_prompt = {make_problem(n, p).row()["prompt"][0]["content"]: make_problem(n, p).row()
+                 for n, (_, _, params) in TEMPLATES.items() for p in params}
+    for demo in demos[:6]:  # the messages are exactly the environment's (sandboxed) answers to each turn
+        turns, problem = demo["messages"][1:], by_prompt[demo["messages"][0]["content"]]
+        assert [m["content"] for m in turns[1::2]] == \
+            [env.step(problem, k, m["content"]).messages[0]["content"] for k, m in enumerate(turns[:-1:2])]
+    assert any(len(d["messages"]) == 6 and d["messages"][1] != d["messages"][3] for d in demos)  # revisions too
+    with pytest.raises(ValueError, match=r"task\.stop_on_success"):
+        CodeReviseTask(num_train=60, num_test=10, stop_on_success="no")
