@@ -20,7 +20,8 @@ try:
 except ModuleNotFoundError:  # run as `python scripts/dpa_report.py`
     from plot_runs import band, load_sweep, save
 
-NAMES = {"dpa_form": "DPA-GRPO", "grpo_form": "GRPO", "dapo_form": "DAPO", "gspo_form": "GSPO"}
+NAMES = {"dpa_form": "DPA-GRPO", "grpo_form": "GRPO", "grpo_form_ppo": "GRPO (PPO clip)", "dapo_form": "DAPO",
+         "gspo_form": "GSPO"}
 CASES = ("1", "4", "6a")
 
 

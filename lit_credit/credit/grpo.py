@@ -167,11 +167,15 @@ def rollout_credit(advantages: Tensor, response_mask: Tensor, group_ids: Tensor)
 
 
 def grpo_advantages(
-    scores: Tensor, response_mask: Tensor, group_ids: Tensor, *, eps: float = 1e-6, norm_by_std: bool = True
+    scores: Tensor, response_mask: Tensor, group_ids: Tensor, *, eps: float = 1e-6, norm_by_std: bool = True,
+    unbiased: bool = True,
 ) -> CreditOutput:
     """GRPO: ``A_i = Norm_{g(i)}(R_i)`` on every learnable token of rollout i, 0 elsewhere.
 
     ``norm_by_std=False`` is Dr.GRPO (``A_i = R_i - mean_{g(i)} R``). Singleton groups get 0.
+    ``unbiased`` picks the std of ``Norm``: Bessel-corrected ``sqrt(sum_G (R - mean)^2 / (|G| - 1))`` (the
+    default), or the population std ``sqrt(sum_G (R - mean)^2 / |G|)`` with ``unbiased=False`` (the DPA-GRPO
+    paper's baselines: a group of two scores [1, 0] gets +-0.5 / (0.5 + eps) = +-1, not +-0.707).
     Metrics: ``credit/adv_mean|adv_std|adv_abs_max`` over learnable tokens and
     ``credit/zero_variance_group_frac`` (groups where every rollout gets 0).
 
@@ -179,22 +183,24 @@ def grpo_advantages(
         scores: [B], response_mask: [B, T] (1 = learnable), group_ids: [B].
         Output advantages: [B, T]; ``parts["rollout"]``: [B].
     """
-    adv = group_normalize(scores, group_ids, eps=eps, norm_by_std=norm_by_std)
+    adv = group_normalize(scores, group_ids, eps=eps, norm_by_std=norm_by_std, unbiased=unbiased)
     return rollout_credit(adv, response_mask, group_ids)
 
 
 @register("grpo")
 class GRPOCredit(CreditEstimator):
-    """:func:`grpo_advantages` of ``batch.scores``."""
+    """:func:`grpo_advantages` of ``batch.scores``; ``unbiased=False``: population std (see there)."""
 
-    def __init__(self, *, norm_by_std: bool = True, eps: float = 1e-6) -> None:
+    def __init__(self, *, norm_by_std: bool = True, eps: float = 1e-6, unbiased: bool = True) -> None:
         self.norm_by_std = norm_by_std
         self.eps = eps
+        self.unbiased = unbiased
 
     def __call__(self, batch: RolloutBatch) -> CreditOutput:
         check_batch(batch, {"batch.scores": batch.scores})
         return grpo_advantages(
-            batch.scores, batch.response_mask, batch.group_ids, eps=self.eps, norm_by_std=self.norm_by_std
+            batch.scores, batch.response_mask, batch.group_ids, eps=self.eps, norm_by_std=self.norm_by_std,
+            unbiased=self.unbiased,
         )
 
 

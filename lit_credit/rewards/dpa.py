@@ -2,9 +2,10 @@
 
 A structured form is filled one line at a time. The generator proposes a line value x; the verifier
 answers NS (accept silently) or SAC (a structured challenge). On SAC the generator samples K revisions,
-the first parsable one, z, is shown, and the generator in its approver role answers KEEP (submit x) or
-REVISE (submit z). The oracle gives ``S_x, S_z in {0, 1}`` (strict line correctness); an unparsable x
-counts as wrong, and when no revision is parsable z counts as wrong.
+one of them, z, is shown (:func:`shown_revision`: officially the first that matches gold, else the first
+parsable), and the generator in its approver role answers KEEP (submit x) or REVISE (submit z). The
+oracle gives ``S_x, S_z in {0, 1}`` (strict line correctness); an unparsable x counts as wrong, and when no
+revision is parsable z counts as wrong.
 
 Every function is vectorised over decisions (no Python loop). The pair tensors hold both canonical
 actions of a decision, in the column order of :data:`VERIFIER_ACTIONS` / :data:`APPROVER_ACTIONS`, ready
@@ -17,6 +18,8 @@ import torch
 from torch import Tensor
 
 CASES: tuple[str, ...] = ("1", "2", "3", "4", "5a", "5b", "6a", "6b")
+CASE_IDS = torch.tensor([1, 2, 3, 4, 5, 5, 6, 6])  # the official code's case_id of each case: 5a/5b -> 5, 6a/6b -> 6
+SHOWN_REVISION_RULES: tuple[str, ...] = ("gold_first", "first_parsable", "first")
 VERIFIER_ACTIONS: tuple[str, ...] = ("SAC", "NS")
 APPROVER_ACTIONS: tuple[str, ...] = ("KEEP", "REVISE")
 
@@ -91,6 +94,63 @@ def informative_groups(rewards: Tensor) -> Tensor:
     return (rewards != rewards[:, :1]).any(dim=1)
 
 
+def shown_revision(correct: Tensor, parsable: Tensor, rule: str = "gold_first") -> Tensor:
+    """Index of the revision shown to the approver among each decision's K samples.
+
+    * ``gold_first`` (the official code's best-of-K): the first revision that matches gold, else the first
+      parsable one, else the first. It reads the oracle, so the approver's input depends on gold at training
+      time (its shown revision is right whenever any of the K is); with one revision (validation) there is
+      no choice and nothing of gold leaks.
+    * ``first_parsable``: the first parsable revision, else the first (no gold).
+    * ``first`` (a later official commit): the first sample, on-policy (no gold).
+
+    Vectorised as ``argmax`` of the score ``2 [right] + [parsable]`` (``[parsable]``, 0): ``argmax`` returns
+    the first maximum, as the official loop (which replaces its pick only on a strictly higher score) does.
+    E.g. parsable ``[F, T, T, T]``, right ``[F, F, T, T]``: gold_first 2, first_parsable 1, first 0.
+
+    Shape:
+        correct, parsable: [N, K] bool (``correct`` read only where parsable). Output: [N] long.
+    """
+    for name, t in (("correct", correct), ("parsable", parsable)):
+        if not isinstance(t, Tensor) or t.dim() != 2 or t.dtype != torch.bool:
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 2-D bool tensor [N, K], got {got}")
+    if rule not in SHOWN_REVISION_RULES:
+        raise ValueError(f"method.shown_revision={rule!r}: use one of {SHOWN_REVISION_RULES}")
+    if rule == "first":
+        return torch.zeros(len(parsable), dtype=torch.long, device=parsable.device)
+    score = parsable.long() + (2 * (correct & parsable).long() if rule == "gold_first" else 0)
+    return score.argmax(1)
+
+
+def reviser_pair_rewards(
+    x_correct: Tensor, z_correct: Tensor, has_revision: Tensor, *, alpha: float = 0.5, unparsable: float = -0.25
+) -> Tensor:
+    """The reviser's paired keep-text vs revise-text rewards (the official filer KEEP/REVISE update).
+
+    Under the reviser's prompt two replies are scored: the keep text (x again) and the revise text (the shown
+    revision z), with the counterfactual decision reward ``(1, 0)`` if x is right, ``(0, 1)`` if wrong, plus
+    the outcome bonus ``alpha * S`` (the official ``filer_outcome_bonus``, the approver table's alpha)::
+
+        keep   = 1[x right] + alpha * S_x
+        revise = 1[x wrong] + alpha * S_z        (unparsable z: 1[x wrong] + unparsable)
+
+    x right: (1.5, 0.5) or (1.5, 0) or (1.5, -0.25); x wrong: (0, 1.5) or (0, 1) or (0, 0.75). After pair
+    normalisation the keep text gets +1 exactly when x is right and the revise text +1 exactly when x is
+    wrong, whether z is right or not (as in the official code).
+
+    Shape:
+        x_correct, z_correct, has_revision: [N] bool. Output: [N, 2] float (default dtype), columns (keep,
+        revise).
+    """
+    _flags(x_correct=x_correct, z_correct=z_correct, has_revision=has_revision)
+    s_x = x_correct.to(torch.get_default_dtype())
+    s_z = (z_correct & has_revision).to(s_x.dtype)
+    keep = s_x + alpha * s_x
+    revise = (1 - s_x) + torch.where(has_revision, alpha * s_z, torch.full_like(s_z, unparsable))
+    return torch.stack([keep, revise], dim=1)
+
+
 def approver_pair_rewards(
     x_correct: Tensor,
     z_correct: Tensor,
@@ -134,11 +194,15 @@ def approver_pair_rewards(
 
 
 def revise_bonus(revise_share: float, *, balance: float = 0.0, target: float = 0.3) -> float:
-    """Optional REVISE shaping ``balance * max(target - revise_share, 0)``; 0 with the default balance.
+    """REVISE shaping ``balance * max(target - revise_share, 0)`` (the official homeostatic balance); 0 with
+    the default balance. ``revise_share`` is the step's share of REVISE among the approver's decisions
+    (forced explorations included), as the official update computes it over its batch.
 
-    DPA-GRPO adds it to the REVISE action's pair *advantage*: added to the reward it would never change a
-    pair advantage, which is sign(r_KEEP - r_REVISE) after pair normalisation, and wherever KEEP wins by the
-    table it wins by at least 1 (the paper's bonus is at most 1.5 * 0.3 = 0.45).
+    The official code adds it to the REVISE *reward* before pair normalisation (DPA-GRPO's
+    ``method.revise_bonus_on=reward``). There it never changes a pair advantage, which is
+    sign(r_KEEP - r_REVISE): wherever KEEP wins by the table it wins by at least 1, and the paper's bonus is at
+    most 1.5 * 0.3 = 0.45. ``revise_bonus_on=advantage`` adds it to the REVISE pair advantage instead, where
+    it acts.
 
     With shaping on (``balance=1.5, target=0.3``) an observed REVISE share of 0.1 gives
     ``1.5 * 0.2 = 0.3``; a share at or above the target gives 0.
@@ -205,11 +269,13 @@ def case_shares(labels: Tensor) -> dict[str, float]:
     return dict(zip(CASES, shares.tolist()))
 
 
-def rarity_weights(labels: Tensor, power: float = 0.0) -> Tensor:
+def rarity_weights(labels: Tensor, power: float = 0.0, *, merge_subcases: bool = False) -> Tensor:
     """Optional loss weight ``w_n = (mean_c count(c) / count(case_n)) ** power``, the mean over the cases
     present in ``labels``; all ones when ``power = 0`` (the default, shaping off).
 
     E.g. counts 3 and 1 (mean 2) with ``power = 1``: weights 2/3 on the common case, 2 on the rare one.
+    ``merge_subcases``: count by the official ``case_id`` (:data:`CASE_IDS`: 5a and 5b are one case, 6a and 6b
+    one), as the official approver update does (over the challenged decisions only, see DPA-GRPO).
 
     Shape:
         labels: [N] integer, indices into ``CASES``. Output: [N] float (default dtype).
@@ -218,6 +284,8 @@ def rarity_weights(labels: Tensor, power: float = 0.0) -> Tensor:
     dtype = torch.get_default_dtype()
     if power == 0 or labels.numel() == 0:
         return torch.ones(labels.shape, dtype=dtype, device=labels.device)
+    if merge_subcases:
+        labels = CASE_IDS.to(labels.device)[labels]
     counts = torch.bincount(labels, minlength=len(CASES)).to(dtype)
     mean = counts[counts > 0].mean()
     return (mean / counts[labels]) ** power

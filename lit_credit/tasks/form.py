@@ -13,8 +13,8 @@ instruction (:func:`role_prompt`):
 
 The decision lines are the canonical action strings (:func:`action_text`), so the paired counterfactual
 loss scores exactly the tokens a role emits for its decision. Gold values come from
-:func:`~lit_credit.tasks.form1040.compute_1040`; test rows can instead come from a local TaxCalcBench-style
-directory (:func:`~lit_credit.tasks.form1040.load_taxcalcbench`).
+:func:`~lit_credit.tasks.form1040.compute_1040`; test rows can instead come from the public TaxCalcBench
+TY2024 cases the engine can represent (:func:`~lit_credit.tasks.form1040.load_taxcalcbench`).
 """
 from __future__ import annotations
 
@@ -201,8 +201,11 @@ class FormTask(Task):
     """Form 1040 line decisions for DPA-GRPO and its generator-only baselines.
 
     Train rows: ``num_train`` synthetic cases (:func:`~lit_credit.tasks.form1040.generate_case`, difficulty
-    drawn from ``difficulties``) x ``lines``; test rows: ``num_test`` other cases, or every case of a local
-    TaxCalcBench-style directory ``taxcalcbench_dir`` (8 TY24 cases x 19 lines = 152 decisions). Rows are
+    drawn from ``difficulties``) x ``lines``; test rows: ``num_test`` other cases, or, with ``taxcalcbench_dir``
+    (a tax-calc-bench checkout or its ``tax_calc_bench/ty24/test_data``), every TY2024 case the engine can
+    represent x ``lines``, gold from the case's ``output.xml`` (:func:`load_taxcalcbench`: the other cases
+    are skipped with a logged reason; the report is kept as ``self.taxcalcbench``; no readable case is an
+    error naming ``task.taxcalcbench_dir``). Rows are
     shuffled (seeded) so a validation prefix covers many lines. Row fields: ``id`` (``case/line``), ``case``
     (the inputs as JSON), ``line``, ``gold``, ``context``, ``prompt`` (the proposer's messages).
 
@@ -237,7 +240,17 @@ class FormTask(Task):
 
     def _cases(self, split: str) -> list[tuple[str, TaxInput, dict[str, int]]]:
         if split == "test" and self.taxcalcbench_dir:
-            return load_taxcalcbench(self.taxcalcbench_dir)
+            try:
+                self.taxcalcbench = load_taxcalcbench(self.taxcalcbench_dir)  # cases + skip report (logged)
+            except FileNotFoundError as e:
+                raise FileNotFoundError(f"task.taxcalcbench_dir={self.taxcalcbench_dir!r}: {e}") from e
+            if not self.taxcalcbench.cases:
+                raise ValueError(
+                    f"task.taxcalcbench_dir={self.taxcalcbench_dir!r}: no case could be read.\n"
+                    f"{self.taxcalcbench.summary()}\nFix: point it at a tax-calc-bench checkout (or its "
+                    f"tax_calc_bench/ty24/test_data), or set task.taxcalcbench_dir=null for synthetic test cases."
+                )
+            return self.taxcalcbench.cases
         rng = random.Random(f"form-{self.seed}-{split}")
         count = self.num_train if split == "train" else self.num_test
         cases = []

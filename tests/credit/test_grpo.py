@@ -102,6 +102,23 @@ def test_registered_classes_read_the_batch():
     assert GRPOCredit(norm_by_std=False, eps=0.1).eps == 0.1
 
 
+def test_population_std_option():
+    # The DPA-GRPO paper's GRPO row: group of 2, population std. Group {0, 1} scores [1, 0]: mean 0.5, deviations
+    # +-0.5, population var (0.25 + 0.25) / 2 = 0.25, std 0.5 -> A = +-0.5 / (0.5 + 1e-8) = +-(1 - 2e-8).
+    # Group {2, 3, 4} scores [2, 0, 1]: mean 1, deviations [1, -1, 0], population var 2/3, std 0.81649658
+    # -> A = [1, -1, 0] / (0.81649658 + 1e-8) = [1.22474486, -1.22474486, 0] (unbiased: var 1, std 1 -> +-1).
+    batch = make_batch(torch.ones(5, 2), ids([0, 0, 3, 3, 3]), t([1, 0, 2, 0, 1], torch.float64))
+    pop = GRPOCredit(unbiased=False, eps=1e-8)(batch).parts["rollout"]
+    a, c = 0.5 / (0.5 + 1e-8), 1 / ((2 / 3) ** 0.5 + 1e-8)
+    assert (a, c) == pytest.approx((0.99999998, 1.22474486), abs=1e-8)
+    torch.testing.assert_close(pop, t([a, -a, c, -c, 0], torch.float64))
+    # The default is unchanged: Bessel std sqrt(0.5) for the pair, 1 for the triple.
+    b2, c2 = 0.5 / (0.5**0.5 + 1e-6), 1 / (1 + 1e-6)
+    torch.testing.assert_close(GRPOCredit()(batch).parts["rollout"], t([b2, -b2, c2, -c2, 0], torch.float64))
+    out = grpo_advantages(batch.scores, batch.response_mask, batch.group_ids, eps=1e-8, unbiased=False)
+    torch.testing.assert_close(out.advantages, pop[:, None].expand(5, 2))
+
+
 # --- loop reference vs vectorised ---------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from lit_credit.rewards import (
     revision_rewards,
     verifier_pair_rewards,
 )
+from lit_credit.rewards.dpa import reviser_pair_rewards, shown_revision
 
 T, F = True, False
 
@@ -77,6 +78,48 @@ def test_revise_bonus_only_on_revise_column():
         revise_bonus(1.5, balance=1.5)
 
 
+def test_shown_revision_rules():
+    # row 0: parsable [F, T, T, T], right [-, F, T, T] -> scores (gold_first: 2 right + parsable) [0, 1, 3, 3]:
+    #        gold_first 2 (the first right one), first_parsable 1, first 0
+    # row 1: none right, parsable [F, F, T, F] -> gold_first = first_parsable = 2 (scores [0, 0, 1, 0])
+    # row 2: nothing parsable -> 0 for every rule; a "right" flag on an unparsable revision is ignored
+    parsable = b(F, T, T, T, F, F, T, F, F, F, F, F).view(3, 4)
+    correct = b(T, F, T, T, F, F, F, F, T, F, F, F).view(3, 4)
+    assert shown_revision(correct, parsable).tolist() == [2, 2, 0]  # gold_first is the default
+    assert shown_revision(correct, parsable, "first_parsable").tolist() == [1, 2, 0]
+    assert shown_revision(correct, parsable, "first").tolist() == [0, 0, 0]
+    assert shown_revision(correct[:0], parsable[:0]).tolist() == []
+    with pytest.raises(ValueError, match=r"method\.shown_revision='best'"):
+        shown_revision(correct, parsable, "best")
+
+
+def test_reviser_pair_rewards():
+    # (keep, revise) = (1[x right] + 0.5 S_x, 1[x wrong] + 0.5 S_z), unparsable z: 1[x wrong] - 0.25
+    want = [
+        [1.5, 0.5],     # x right, z right:  1 + 0.5,  0 + 0.5
+        [1.5, 0.0],     # x right, z wrong:  1.5,      0
+        [0.0, 1.5],     # x wrong, z right:  0,        1 + 0.5
+        [0.0, 1.0],     # x wrong, z wrong:  0,        1
+        [1.5, -0.25],   # no parsable z, x right: 1.5, 0 - 0.25 (z_correct=True ignored)
+        [0.0, 0.75],    # no parsable z, x wrong: 0,   1 - 0.25
+    ]
+    x, z, h = zip(*ROWS)
+    close(reviser_pair_rewards(b(*x), b(*z), b(*h)), want)
+    # pair advantages: keep +1 exactly when x is right, revise +1 exactly when x is wrong
+    a = dpa_pair_advantages(reviser_pair_rewards(b(*x), b(*z), b(*h)))
+    torch.testing.assert_close(a, torch.tensor([[1.0, -1.0]] * 2 + [[-1.0, 1.0]] * 2 + [[1.0, -1.0], [-1.0, 1.0]]),
+                               atol=1e-6, rtol=0)
+    close(reviser_pair_rewards(b(F), b(T), b(T), alpha=1.0), [[0.0, 2.0]])
+
+
+def test_revise_bonus_on_the_reward_never_flips_a_pair_of_the_table():
+    # the paper's largest bonus 1.5 * (0.3 - 0) = 0.45 on every REVISE reward: the pair advantages stay the same
+    table = approver(ROWS)
+    shifted = table + torch.tensor([0.0, revise_bonus(0.0, balance=1.5, target=0.3)])
+    assert revise_bonus(0.0, balance=1.5, target=0.3) == pytest.approx(0.45)
+    torch.testing.assert_close(dpa_pair_advantages(shifted), dpa_pair_advantages(table))
+
+
 def test_verifier_pair():
     assert VERIFIER_ACTIONS == ("SAC", "NS")
     # x right: SAC 1[x wrong] = 0, NS 1[x right] = 1; x wrong: SAC 1, NS 0
@@ -126,6 +169,12 @@ def test_rarity_weights():
     close(rarity_weights(labels, power=1.0), [2 / 3, 2 / 3, 2 / 3, 2.0])
     close(rarity_weights(labels, power=2.0), [4 / 9, 4 / 9, 4 / 9, 4.0])  # squared
     close(rarity_weights(labels), [1.0] * 4)  # power 0 (default): shaping off
+    # the official case ids (5a/5b one case, 6a/6b one): challenged cases 3 3 3 5a 5b 6a -> ids 3 3 3 5 5 6,
+    # counts 3, 2, 1, mean 6/3 = 2 -> 2/3 (x3), 1, 1, 2; by the 8 cases: counts 3, 1, 1, 1, mean 6/4 = 1.5
+    # -> 0.5 (x3), 1.5, 1.5, 1.5
+    challenged = torch.tensor([CASES.index(c) for c in ("3", "3", "3", "5a", "5b", "6a")])
+    close(rarity_weights(challenged, 1.0, merge_subcases=True), [2 / 3, 2 / 3, 2 / 3, 1.0, 1.0, 2.0])
+    close(rarity_weights(challenged, 1.0), [0.5, 0.5, 0.5, 1.5, 1.5, 1.5])
 
 
 def test_shape_errors():

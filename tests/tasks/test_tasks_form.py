@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,17 @@ def test_parsers():
     assert parse_decision("[1, 2]", ("KEEP", "REVISE")) == (None, {})
 
 
+def test_an_unparsable_verdict_reaches_the_reviser_as_an_empty_challenge():
+    # DPA-GRPO counts a verifier reply that is not a decision as SAC (the official choice): parse_decision gives
+    # (None, {}) and the reviser's prompt then carries the challenge with every field empty.
+    row = line_rows("c0", CASE, compute_1040(CASE), ("15",))[0]
+    decision, challenge = parse_decision("looks fine to me", ("SAC", "NS"))
+    assert (decision, challenge) == (None, {})
+    reviser = role_prompt(row, "reviser", "37600", challenge)
+    assert reviser[0]["content"] == INSTRUCTIONS["reviser"]
+    assert reviser[1]["content"].endswith('line 15: 37600\nchallenge: {"claim": "", "argument": "", "evidence": ""}')
+
+
 def test_wrong_values_are_never_the_gold_value():
     rng = random.Random(0)
     rows = FormTask(num_train=30, num_test=2).dataset("train")
@@ -87,14 +99,15 @@ def test_dataset_splits_sizes_and_determinism():
 
 
 def test_taxcalcbench_directory_is_the_test_split(tmp_path: Path):
-    case = tmp_path / "single-w2"
-    case.mkdir()
-    (case / "input.json").write_text(json.dumps({"filing_status": "single", "w2s": [[52300, 4100]]}))
-    (case / "expected.json").write_text(json.dumps({"line_1a": 52300, "L15": 37700, "16": 4270}))
-    test = FormTask(taxcalcbench_dir=str(tmp_path)).dataset("test")
-    assert sorted(zip(test["line"], test["gold"])) == [("15", 37700), ("16", 4270), ("1a", 52300)]
-    # The context holds the gold lines before each one (only those the case lists): 16 sees 1a and 15.
-    assert dict(zip(test["line"], test["context"]))["16"].endswith("form: 1a 52300, 15 37700\n")
+    # One case of the public layout (<case>/input.json + output.xml; the fixture tests/data/taxcalcbench holds
+    # it): single, one W-2 52300 / 4100 -> 1a 52300, 15 = 52300 - 14600 = 37700, 16 4295 (output.xml).
+    fixture = Path(__file__).parents[1] / "data" / "taxcalcbench" / "ty24" / "test_data" / "single-w2-basic"
+    shutil.copytree(fixture, tmp_path / "single-w2-basic")
+    test = FormTask(taxcalcbench_dir=str(tmp_path), lines="1a,15,16").dataset("test")
+    assert sorted(zip(test["line"], test["gold"])) == [("15", 37700), ("16", 4295), ("1a", 52300)]
+    # The context holds the gold lines before each one (every evaluated line; a missing MeF element is 0).
+    assert dict(zip(test["line"], test["context"]))["16"].endswith(
+        "form: 1a 52300, 9 52300, 10 0, 11 52300, 12 14600, 15 37700\n")
 
 
 def test_demonstrations_play_every_role_by_the_rules():
