@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import fields
 from typing import Any
 
 import lightning as L
@@ -23,31 +24,62 @@ def _rows(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class PromptStream(IterableDataset):
-    """An endless stream of prompt batches that a resumed run can re-enter at any batch.
+    """An endless stream of prompt batches, each handed out once, that a resumed run can re-enter exactly.
 
     Batch k holds rows ``order_e[i * b:(i + 1) * b]`` of ``dataset``, where ``e, i = divmod(k, len // b)``
     (a partial last batch is dropped) and ``order_e`` is the (e+1)-th ``torch.randperm`` drawn from a
-    generator seeded with ``seed``. The stream starts at batch ``start``, so it is a pure function of
-    ``(seed, k)``, whatever was prefetched or lost in a crash.
+    generator seeded with ``seed``: a pure function of ``(seed, k)`` (:meth:`batch`).
+
+    Two readers share one position, so no batch (and no prompt within an epoch) is handed out twice: the
+    dataloader iterating the stream and :meth:`draw` (DAPO's refills inside a training step). ``position`` is
+    ``{"next_batch": first index not handed out yet, "pending": indices the dataloader yielded that no
+    training step has consumed yet}``; Lightning prefetches one batch, so ``pending`` holds it. A new iterator
+    yields ``pending`` again first, then fresh batches: a run resumed from a checkpointed position serves what
+    the uninterrupted run would have, whatever was prefetched or lost in a crash. The training step's draw
+    (:meth:`RolloutDataModule.generate_experience`) removes the oldest pending index.
     """
 
-    def __init__(self, dataset: Any, batch_size: int, seed: int, start: int = 0) -> None:
+    def __init__(self, dataset: Any, batch_size: int, seed: int, position: dict[str, Any] | None = None) -> None:
         if len(dataset) < batch_size:
             raise ValueError(f"data.prompts_per_step={batch_size} but the train split has {len(dataset)} rows; "
                              "fix: lower data.prompts_per_step or use a larger train split")
-        self.dataset, self.batch_size, self.seed, self.start = dataset, batch_size, seed, start
+        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self.position = position if position is not None else {"next_batch": 0, "pending": []}
+        self.per_epoch = len(dataset) // batch_size
+        self._epoch: tuple[int, torch.Generator, list[int]] | None = None  # the last epoch's order, cached
+
+    def _order(self, epoch: int) -> list[int]:
+        if self._epoch is None or self._epoch[0] > epoch:  # restart the permutations from the seed
+            generator = torch.Generator().manual_seed(self.seed)
+            self._epoch = (0, generator, torch.randperm(len(self.dataset), generator=generator).tolist())
+        while self._epoch[0] < epoch:
+            e, generator, _ = self._epoch
+            self._epoch = (e + 1, generator, torch.randperm(len(self.dataset), generator=generator).tolist())
+        return self._epoch[2]
+
+    def batch(self, k: int) -> list[dict[str, Any]]:
+        """The rows of batch ``k`` (see the class docstring)."""
+        epoch, i = divmod(k, self.per_epoch)
+        order, b = self._order(epoch), self.batch_size
+        return [self.dataset[j] for j in order[i * b:(i + 1) * b]]
+
+    def _take(self) -> int:
+        k = self.position["next_batch"]
+        self.position["next_batch"] = k + 1
+        return k
+
+    def draw(self) -> list[dict[str, Any]]:
+        """The next batch no reader has had yet (never served by the dataloader afterwards)."""
+        return self.batch(self._take())
 
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
-        per_epoch, b = len(self.dataset) // self.batch_size, self.batch_size
-        epoch, i = divmod(self.start, per_epoch)
-        generator = torch.Generator().manual_seed(self.seed)
-        for _ in range(epoch):
-            torch.randperm(len(self.dataset), generator=generator)
+        pending = self.position["pending"]
+        replay = list(pending)
+        pending.clear()
         while True:
-            order = torch.randperm(len(self.dataset), generator=generator).tolist()
-            for j in range(i, per_epoch):
-                yield [self.dataset[k] for k in order[j * b:(j + 1) * b]]
-            i = 0
+            k = replay.pop(0) if replay else self._take()
+            pending.append(k)
+            yield self.batch(k)
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -58,8 +90,10 @@ class RolloutDataModule(L.LightningDataModule):
     off-policy). Group ids are minted here, one per prompt per call, from a running counter.
 
     Resumable: the train loader is a :class:`PromptStream`; ``state_dict`` (saved in every Lightning
-    checkpoint) holds the number of training batches consumed and the group counter, so a resumed run
-    draws the prompts the uninterrupted run would have drawn. Engine calls go through ``engine_retry``
+    checkpoint) holds its position (``next_batch``, ``pending``) and the group counter, so a resumed run
+    draws the prompts the uninterrupted run would have drawn. :meth:`refill_experience` draws further batches
+    of the same stream inside a training step (DAPO's dynamic sampling); the dataloader never serves them, so
+    no prompt is drawn twice within an epoch. Engine calls go through ``engine_retry``
     (:class:`~lit_credit.backends.Retry`); a reward that raises scores 0 and non-finite reward values become
     0, each counted (``backend/reward/{errors,nonfinite}``).
     """
@@ -86,7 +120,8 @@ class RolloutDataModule(L.LightningDataModule):
                                                            stop=self.sampling.stop)
         self.engine_retry = engine_retry
         self.backend_counts = CountsSince()  # backend/* failures since the last training step
-        self.train_batches = self.next_group = 0
+        self.next_group = 0
+        self.position: dict[str, Any] = {"next_batch": 0, "pending": []}  # PromptStream's, shared and saved
         self._bound: Any = None
         self.codec: ChatCodec | None = None
 
@@ -94,21 +129,25 @@ class RolloutDataModule(L.LightningDataModule):
         self.train_set = self.task.dataset("train")
         test = self.task.dataset("test")
         self.val_set = test.select(range(min(self.val_prompts, len(test))))
+        self.stream = PromptStream(self.train_set, self.prompts_per_step, self.seed, self.position)
 
     def train_dataloader(self) -> DataLoader:
-        stream = PromptStream(self.train_set, self.prompts_per_step, self.seed, start=self.train_batches)
         # Own generators: creating a loader iterator must not draw from the global RNG (exact resume).
-        return DataLoader(stream, batch_size=None, collate_fn=_rows, generator=torch.Generator().manual_seed(0))
+        return DataLoader(self.stream, batch_size=None, collate_fn=_rows, generator=torch.Generator().manual_seed(0))
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=max(self.val_prompts, 1), collate_fn=_rows,
                           generator=torch.Generator().manual_seed(0))
 
-    def state_dict(self) -> dict[str, int]:
-        return {"train_batches": self.train_batches, "next_group": self.next_group}
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_batch": self.position["next_batch"], "pending": list(self.position["pending"]),
+                "next_group": self.next_group}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.train_batches, self.next_group = state["train_batches"], state["next_group"]
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # In place: the stream shares ``position``. A checkpoint of the older format counted train_batches only.
+        self.position["next_batch"] = state.get("next_batch", state.get("train_batches", 0))
+        self.position["pending"][:] = state.get("pending", [])
+        self.next_group = state["next_group"]
 
     def bind(self, model: torch.nn.Module, tokenizer: Any) -> None:
         """Give the engine the policy (once) and weights after every optimiser step."""
@@ -123,19 +162,31 @@ class RolloutDataModule(L.LightningDataModule):
     def generate_experience(self, rows: list[dict[str, Any]], sampling: SamplingParams | None = None) -> RolloutBatch:
         """Sample ``sampling.n`` rollouts per row, run the environment, score them: a RolloutBatch on CPU.
 
-        ``sampling=None`` is a training draw (the train sampling; it advances the resumable position).
-        The wall time of the call is kept in ``last_generation_s``.
+        ``sampling=None`` is the training step's draw of the dataloader's batch (the train sampling; that
+        batch leaves the stream's ``pending`` list). The wall time of the call is kept in ``last_generation_s``.
         """
+        if sampling is None:
+            del self.position["pending"][:1]
+        return self._experience(rows, sampling or self.sampling)
+
+    @torch.no_grad()
+    def refill_experience(self, batch: RolloutBatch) -> RolloutBatch:
+        """``batch`` with the rollouts of the stream's next fresh prompt batch appended (train sampling, new group
+        ids, right-padded by :func:`cat_batches`, on ``batch``'s device): DAPO's dynamic-sampling refill. The
+        dataloader never serves that prompt batch; ``last_generation_s`` is the new draw's wall time."""
+        fresh = self._experience(self.stream.draw(), self.sampling)
+        return cat_batches([batch, fresh.to(batch.input_ids.device)], self.codec.pad_id)
+
+    def _experience(self, rows: list[dict[str, Any]], sampling: SamplingParams) -> RolloutBatch:
         if self.codec is None:
             raise RuntimeError("RolloutDataModule.generate_experience before bind(model, tokenizer)")
-        if sampling is None:
-            sampling, self.train_batches = self.sampling, self.train_batches + 1
         start = time.perf_counter()
         groups = list(range(self.next_group, self.next_group + len(rows)))
         self.next_group += len(rows)
         episodes = run_episodes(self.engine, self.codec, self.env, rows, groups, sampling, self.max_turns,
                                 self.engine_retry)
-        batch = finite_scores(to_batch(episodes, [self.score(e) for e in episodes], self.codec.pad_id))
+        temperature = 1.0 if sampling.greedy else sampling.temperature
+        batch = finite_scores(to_batch(episodes, [self.score(e) for e in episodes], self.codec.pad_id, temperature))
         self.last_generation_s = time.perf_counter() - start
         return batch
 
@@ -164,3 +215,50 @@ def finite_scores(batch: RolloutBatch) -> RolloutBatch:
     if batch.turn_scores is not None:
         batch.turn_scores = clean(batch.turn_scores)
     return batch
+
+
+def cat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """Rollout batches stacked into one, in order (a training step's draws under dynamic sampling).
+
+    Every tensor field is right-padded to the largest size of each dimension after the first: ``[B, T]``
+    fields to the longest row (``input_ids`` with ``pad_id``, ``turn_ids`` with -1, masks and log-probs with 0),
+    ``[B, K]`` per-turn fields to the most turns (0 / False). A reward part or ``turn_scores`` that a batch
+    lacks is 0 there. Lists (``metadata``) are concatenated; any other field (``temperature``) must agree.
+    """
+    if len(batches) == 1:
+        return batches[0]
+    fills = {"input_ids": pad_id, "turn_ids": -1}
+
+    def stack(values: list[torch.Tensor | None], fill: float) -> torch.Tensor | None:
+        like = next((v for v in values if v is not None), None)
+        if like is None:
+            return None
+        values = [v if v is not None else like.new_full((len(b), *([1] * (like.dim() - 1))), fill)
+                  for v, b in zip(values, batches, strict=True)]
+        shape = [max(v.shape[d] for v in values) for d in range(1, like.dim())]
+        out = like.new_full((sum(len(v) for v in values), *shape), fill)
+        start = 0
+        for v in values:  # a handful of draws: one slice copy each
+            out[(slice(start, start + len(v)), *(slice(0, size) for size in v.shape[1:]))] = v
+            start += len(v)
+        return out
+
+    out: dict[str, Any] = {}
+    for f in fields(RolloutBatch):
+        values = [getattr(b, f.name) for b in batches]
+        if f.name == "turn_scores" and any(v is not None for v in values):  # none: 0 on each turn it reached
+            values = [v if v is not None or b.turn_mask is None else torch.zeros(b.turn_mask.shape,
+                                                                                 device=b.scores.device)
+                      for v, b in zip(values, batches, strict=True)]
+        if isinstance(values[0], dict):
+            keys = dict.fromkeys(k for v in values for k in v)
+            out[f.name] = {k: stack([v.get(k) for v in values], 0) for k in keys}
+        elif isinstance(values[0], list):
+            out[f.name] = [x for v in values for x in v]
+        elif isinstance(values[0], torch.Tensor) or values[0] is None:
+            out[f.name] = stack(values, fills.get(f.name, 0))
+        elif any(v != values[0] for v in values):
+            raise ValueError(f"cat_batches: the batches' {f.name} differ: {values}")
+        else:
+            out[f.name] = values[0]
+    return RolloutBatch(**out)

@@ -1,9 +1,9 @@
 """Checks of a composed run config that no single constructor can make: one-line errors naming key and fix.
 
 Unknown group options (``method=``, ``credit=``, ``task=``, ``rollout=``, ...) are Hydra's to refuse; it lists
-the valid ones. What is checked here: the group size, the split of a step's rollouts into minibatches,
-sampling limits, and limits that cannot hold together (a completion longer than the engine's context, validation
-without validation prompts).
+the valid ones. What is checked here: the group size, the split of a step's rollouts into minibatches, the
+dynamic-sampling draw cap, sampling limits, and limits that cannot hold together (a completion longer than the
+engine's context, validation without validation prompts).
 """
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ def check_config(cfg: DictConfig) -> None:
              f"does not split the {rollouts} rollouts of a step (data.prompts_per_step={prompts} x "
              f"data.sampling.n={n}) into equal minibatches",
              f"use a divisor of {rollouts}, e.g. {max(d for d in divisors if d <= max(minibatches, 1))}")
+    draws = method.get("max_sampling_draws", 1)
+    _require(draws >= 1, "method.max_sampling_draws", draws, "dynamic sampling draws at least the step's own "
+             "prompt batch", "set method.max_sampling_draws=1 (no refill) or more (10 is DAPO's)")
     tokens = sampling.max_new_tokens
     _require(tokens >= 1, "data.sampling.max_new_tokens", tokens, "must be >= 1", "set it to the longest reply")
     if not sampling.get("greedy", False):
@@ -53,8 +56,9 @@ def check_config(cfg: DictConfig) -> None:
              f"x {turns or 1} turn(s) does not fit the engine's context rollout.max_model_len={context} (the prompt "
              "needs room too)", "lower data.sampling.max_new_tokens or data.max_turns, or raise rollout.max_model_len")
     steps = trainer.get("max_steps", -1)
-    _require(steps is None or steps >= 1, "trainer.max_steps", steps, "lit-credit counts optimiser updates; "
-             "it must be >= 1", "set trainer.max_steps to the number of updates")
+    _require(steps is None or steps >= 1, "trainer.max_steps", steps, "lit-credit counts training steps (GRPO "
+             "family: one per rollout batch, whatever its number of minibatch updates; DPA-GRPO: 2 per game round); "
+             "it must be >= 1", "set trainer.max_steps to the number of steps")
     validates = cfg.get("validate_first") or trainer.get("val_check_interval") is not None
     _require(not validates or data.val_prompts >= 1, "data.val_prompts", data.val_prompts,
              "validation is on but has no prompts", "set data.val_prompts=1 or more, or validate_first=false "

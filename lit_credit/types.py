@@ -27,7 +27,13 @@ class CreditOutput:
 
 @dataclass
 class SamplingParams:
-    """How the engine samples. ``n`` samples per prompt; ``stop`` strings end a turn."""
+    """How the engine samples. ``n`` samples per prompt; ``stop`` strings end a turn.
+
+    Tokens are drawn from ``softmax(logits / temperature)`` cut to its ``top_p`` nucleus (``greedy``: argmax,
+    temperature and top_p unused; the batch then carries temperature 1). Trainer log-probs are of the full
+    tempered softmax, top-p not renormalised; behaviour log-probs too, but for vLLM at top_p < 1
+    (:class:`Completion`).
+    """
 
     n: int = 8
     temperature: float = 1.0
@@ -42,7 +48,10 @@ class Completion:
     """One sampled continuation of one prompt.
 
     token_ids: [L] generated ids (stop token included when generated).
-    logprobs: [L] behaviour log-probs of those ids under the engine's raw (temperature 1) distribution.
+    logprobs: [L] behaviour log-probs of those ids, ``log_softmax(logits / T)[id]`` at the sampling
+        temperature ``T`` (1 for greedy). Top-p is not renormalised (as in verl): HFEngine gives the full
+        tempered softmax at any top_p; VLLMEngine gives it at top_p = 1 and, at top_p < 1, the renormalised
+        nucleus (``log p_T(id) - log P_T(nucleus)``, see ``lit_credit.rollout.vllm_engine``).
     """
 
     token_ids: list[int]
@@ -69,6 +78,9 @@ class RolloutBatch:
     turn_scores: [B, K] float per-turn verifier scores (0 where ``turn_mask`` is 0), or None.
     turn_mask: [B, K] bool, True where rollout i reached turn k, or None.
     metadata: one dict per rollout (``id``, ``replies``, ``finish``, the task ``row``); never used for grouping.
+    temperature: the sampling temperature T the batch was drawn at (1.0 for greedy); every log-prob of the
+        batch (behaviour, old, reference, trainer) is of ``softmax(logits / T)``, the distribution that was
+        sampled (top-p not renormalised, as in verl). A batch mixing temperatures cannot be represented.
     """
 
     input_ids: Tensor
@@ -82,6 +94,7 @@ class RolloutBatch:
     turn_scores: Tensor | None = None
     turn_mask: Tensor | None = None
     metadata: list[dict[str, Any]] = field(default_factory=list)
+    temperature: float = 1.0
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

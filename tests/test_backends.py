@@ -168,7 +168,8 @@ def test_a_raising_reward_or_environment_and_nonfinite_rewards_are_zeroed_and_co
      "data.sampling.max_new_tokens=32: x 2 turn(s) does not fit the engine's context rollout.max_model_len=64 "
      "(the prompt needs room too); fix: lower data.sampling.max_new_tokens or data.max_turns, or raise "
      "rollout.max_model_len"),
-    (["trainer.max_steps=-1"], "trainer.max_steps=-1: lit-credit counts optimiser updates; it must be >= 1"),
+    (["trainer.max_steps=-1"], "trainer.max_steps=-1: lit-credit counts training steps (GRPO family: one per "
+                                "rollout batch"),
     (["data.val_prompts=0"], "data.val_prompts=0: validation is on but has no prompts"),
     (["method.loss.surrogate.clip_low=1.5"], "method.loss.surrogate.clip_low=1.5: the PPO ratio clip must be in "
                                              "(0, 1); fix: set 0.2"),

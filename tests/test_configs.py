@@ -45,7 +45,7 @@ def test_config_composes_and_instantiates(path, make_cfg, tmp_path):
         cfg = make_cfg(parent, f"{group}={name}", *model_path, *small, fast_task=not small)
     elif "toolcall" in name:
         cfg = make_cfg(f"{group}={name}", *TOOLCALL_SMALL, fast_task=False)
-    elif name.endswith("form"):  # task=form and its experiments
+    elif name.endswith("form") or (group == "experiment" and "form" in name.split("_")):  # task=form, experiments
         cfg = make_cfg(f"{group}={name}", *FORM_SMALL, fast_task=False)
     else:  # FAST_TASK's keys are arith's and math_revise's; other tasks are small already
         lora = ["model/lora=r8"] if name == "dpa_grpo" else []  # DPA-GRPO trains LoRA adapters

@@ -29,14 +29,26 @@ def test_fast_dev_run_updates_the_policy(method, make_cfg):
     assert float(metrics["train/zero_variance_groups"]) < 1.0
     assert any(not torch.equal(before[k], v) for k, v in module.policy.state_dict().items())
     assert torch.isfinite(metrics["loss/total"])
-    if method == "dapo":  # dynamic sampling trains on the groups with a reward spread only
-        assert float(metrics["train/kept_frac"]) == pytest.approx(1.0 - float(metrics["train/zero_variance_groups"]))
+    if method == "dapo":  # dynamic sampling refills the step to 16 groups with a reward spread (or 10 draws)
+        draws, found = float(metrics["train/sampling_draws"]), float(metrics["train/informative_groups"])
+        assert found == 16 or draws == 10
+        kept = float(metrics["train/kept_frac"])
+        assert kept == pytest.approx(found / (16 * draws))  # kept groups / drawn groups
+        # the extras past 16 are dropped: kept <= the drawn groups' share with a spread (over every draw)
+        assert kept <= 1.0 - float(metrics["train/zero_variance_groups"]) + 1e-9
 
 
 def test_nonzero_variance_groups_hand_table():
     # groups 5: scores (1, 1) -> constant, dropped; 9: (0, 1) -> kept; 2: (0.5) singleton -> constant, dropped.
     batch = make_batch(torch.ones(5, 2), torch.tensor([5, 5, 9, 9, 2]), torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5]))
     assert nonzero_variance_groups(batch).tolist() == [False, False, True, True, False]
+
+
+def test_nonzero_variance_groups_stays_on_the_batch_device():
+    # The meta device has shapes but no data: any host sync or CPU scratch tensor would fail here.
+    batch = make_batch(torch.ones(5, 2), torch.tensor([5, 5, 9, 9, 2]), torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5]))
+    keep = nonzero_variance_groups(batch.to("meta"))
+    assert keep.device.type == "meta" and keep.shape == (5,) and keep.dtype == torch.bool
 
 
 def test_one_step_moves_logprobs_along_the_advantage(make_cfg):

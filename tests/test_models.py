@@ -1,7 +1,12 @@
 """The embedded tokenizer, the tiny model, its cache, and the SFT encoding of demonstrations."""
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
+import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from lit_credit.models import EmbeddedPolicy, PolicySource, build_tokenizer, token_logprobs
@@ -95,6 +100,66 @@ def test_token_logprobs_match_a_manual_log_softmax():
     p = logits[0].softmax(-1)
     torch.testing.assert_close(entropy[0, 1], -(p * p.log()).sum(), rtol=1e-5, atol=1e-6)
     assert entropy[0, 0] == 0
+
+
+class FixedLogits(torch.nn.Module):
+    """A stand-in LM whose logits at every position are ``ln [1, 2, 4]`` (3-token vocabulary)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, input_ids, attention_mask=None):
+        z = torch.tensor([1.0, 2.0, 4.0]).log() * self.scale
+        return SimpleNamespace(logits=z.expand(*input_ids.shape, 3).clone())
+
+
+def test_token_logprobs_at_a_temperature_by_hand():
+    # z = ln [1, 2, 4] at T = 0.5: z / T = ln [1, 4, 16], so pi = [1, 4, 16] / 21 and
+    #   logp(token 2) = ln(16/21), logp(token 0) = ln(1/21), logp(token 1) = ln(4/21);
+    #   H = -sum pi ln pi = ln 21 - (4 ln 4 + 16 ln 16) / 21 = ln 21 - 72 ln 2 / 21.
+    # At T = 1 instead: pi = [1, 2, 4] / 7 (logp(token 2) = ln(4/7)), which the test would see.
+    ids, mask = torch.tensor([[1, 2, 0, 1]]), torch.ones(1, 4, dtype=torch.long)
+    want = torch.tensor([[0.0, math.log(16 / 21), math.log(1 / 21), math.log(4 / 21)]])
+    h = math.log(21) - 72 * math.log(2) / 21
+    model = FixedLogits()
+    for budget in (None, 2):  # one padded pass, and micro-batches
+        logp, entropy = token_logprobs(model, ids, mask, budget, temperature=0.5)  # graph + entropy path
+        torch.testing.assert_close(logp, want, rtol=0, atol=1e-6)
+        torch.testing.assert_close(entropy, torch.tensor([[0.0, h, h, h]]), rtol=0, atol=1e-6)
+        logp.sum().backward()  # the gradient flows through the tempered log-softmax
+        assert model.scale.grad is not None and model.scale.grad != 0
+        with torch.no_grad():  # reference / old log-probs: divided and consumed in place
+            plain, none = token_logprobs(model, ids, mask, budget, entropy=False, temperature=0.5)
+        assert none is None
+        torch.testing.assert_close(plain, want, rtol=0, atol=1e-6)
+    at_one, _ = token_logprobs(model, ids, mask)
+    assert abs(at_one[0, 1].item() - math.log(4 / 7)) < 1e-6
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match=r"RolloutBatch\.temperature"):
+            token_logprobs(model, ids, mask, temperature=bad)
+
+
+def test_token_logprobs_at_a_temperature_match_a_manual_tempered_log_softmax():
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+    mask = (torch.arange(9) < torch.tensor([9, 4, 6])[:, None]).long()
+    ids = torch.randint(1, 50, (3, 9)) * mask
+    with torch.no_grad():
+        z = model(input_ids=ids, attention_mask=mask).logits[:, :-1] / 0.5
+    # position t holds log softmax(z[t - 1])[ids[t]] on real tokens, 0 at t = 0 and on padding
+    want = F.pad(z.log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0)) * mask
+    p = z.softmax(-1)
+    want_h = F.pad(-(p * p.log()).sum(-1), (1, 0)) * mask
+    logp, entropy = token_logprobs(model, ids, mask, token_budget=16, temperature=0.5)
+    torch.testing.assert_close(logp.detach(), want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(entropy, want_h, rtol=0, atol=1e-5)
+    with torch.no_grad():
+        plain, _ = token_logprobs(model, ids, mask, token_budget=16, entropy=False, temperature=0.5)
+        at_one, _ = token_logprobs(model, ids, mask, token_budget=16, entropy=False)
+    torch.testing.assert_close(plain, want, rtol=0, atol=1e-5)
+    assert ((at_one - want).abs() * mask).amax() > 0.1  # T = 1 is a different distribution
 
 
 def test_logprobs_without_gradient_or_entropy_consume_the_logits_in_place_and_agree():

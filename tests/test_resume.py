@@ -41,13 +41,18 @@ def event_scalars(*files: Path) -> dict[tuple[str, int], float]:
     return out
 
 
+# DAPO's dynamic sampling: refills draw further prompt batches of the same stream inside a step.
+DYNAMIC = ["method.dynamic_sampling=true", "method.max_sampling_draws=3"]
+
+
 @pytest.mark.slow
-def test_sigkill_then_resume_matches_the_uninterrupted_run_bitwise(tmp_path, cache_dir):
+@pytest.mark.parametrize("sampling", [[], DYNAMIC], ids=["plain", "dynamic_sampling"])
+def test_sigkill_then_resume_matches_the_uninterrupted_run_bitwise(sampling, tmp_path, cache_dir):
     whole, crashed = tmp_path / "whole", tmp_path / "crashed"
-    done = lit_credit(whole, cache_dir)
+    done = lit_credit(whole, cache_dir, *sampling)
     assert done.returncode == 0, done.stderr[-3000:]
 
-    killed = lit_credit(crashed, cache_dir, "+callbacks.crash._target_=tests.crash.KillAfterStep",
+    killed = lit_credit(crashed, cache_dir, *sampling, "+callbacks.crash._target_=tests.crash.KillAfterStep",
                         f"+callbacks.crash.step={KILL_AT}")
     assert killed.returncode == -9, killed.stderr[-3000:]  # SIGKILL: no cleanup ran
     last = crashed / "checkpoints" / "last.ckpt"
@@ -56,12 +61,19 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run_bitwise(tmp_path, cac
     assert any(k.startswith("policy.") for k in state["state_dict"])
     assert any(k.startswith("reference.") for k in state["state_dict"])
     assert state["optimizer_states"][0]["state"] and state["lr_schedulers"][0]["last_epoch"] == 4
-    assert state["RolloutDataModule"] == {"train_batches": 4, "next_group": 4 * 4 + 2 * 4}  # 4 steps, validation at 0 and 3
+    position = state["RolloutDataModule"]
+    if not sampling:
+        # 4 steps drew prompt batches 0-3 and Lightning prefetched batch 4 (pending: step 5 gets it after resume);
+        # 4 groups a step and the 4 validation prompts at steps 0 and 3 took the group ids.
+        assert position == {"next_batch": 5, "pending": [4], "next_group": 4 * 4 + 2 * 4}
+    else:  # the refills took batches too: each drawn batch is 4 groups, the prefetched one not yet
+        used = position["next_batch"] - 1
+        assert used > 4 and len(position["pending"]) == 1 and position["next_group"] == 4 * used + 2 * 4
     assert set(state["rng_states"]) == {"torch", "python", "numpy", "cuda", "private"}
     assert not list((crashed / "checkpoints").glob(".*.tmp"))  # no temporary left beside the checkpoints
 
     before = set((crashed / "tensorboard").glob("events.out.tfevents.*"))
-    resumed = lit_credit(crashed, cache_dir, f"ckpt_path={last}")
+    resumed = lit_credit(crashed, cache_dir, *sampling, f"ckpt_path={last}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     (events,) = set((crashed / "tensorboard").glob("events.out.tfevents.*")) - before
 
@@ -71,6 +83,9 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run_bitwise(tmp_path, cac
     expected = {key: value for key, value in uninterrupted.items() if key[1] >= 4}
     assert {tag for tag, _ in expected} >= {"train/reward/mean", "val/reward/mean", "loss/total", "loss/kl",
                                            "train/lr", "train/grad_norm", "train/entropy"}
+    if sampling:  # the replayed steps refilled too (else this case would not test the refills' resume)
+        assert {tag for tag, _ in expected} >= {"train/sampling_draws", "train/kept_frac"}
+        assert max(v for (tag, _), v in expected.items() if tag == "train/sampling_draws") > 1
     assert got == expected  # every metric of the replayed steps, bitwise
 
 

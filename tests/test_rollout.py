@@ -61,6 +61,67 @@ def test_behaviour_logprobs_equal_trainer_logprobs(policy):
     assert gap < 1e-4  # the engine samples from exactly the weights the trainer differentiates
 
 
+def test_behaviour_logprobs_are_of_the_tempered_softmax(policy):
+    # HFEngine at T = 0.5: each sampled token's log-prob is log_softmax(z / 0.5)[token], z the logits of a
+    # plain forward pass of the same model on the whole sequence (position t - 1 predicts token t).
+    model, tok, engine = policy
+    codec = ChatCodec(tok)
+    prompts = [codec.prompt_ids(r["prompt"]) for r in ROWS]
+    tokens = tempered = untempered = 0
+    for prompt, per_prompt in zip(prompts, engine.generate(prompts, SamplingParams(n=4, temperature=0.5,
+                                                                                    max_new_tokens=6))):
+        for c in per_prompt:
+            ids = torch.tensor([prompt + c.token_ids])
+            with torch.no_grad():
+                z = model(input_ids=ids).logits[0, len(prompt) - 1:-1]  # [L, V]: each token's logits
+            picked = torch.tensor(c.token_ids)[:, None]
+            want = (z / 0.5).log_softmax(-1).gather(-1, picked).squeeze(-1)
+            torch.testing.assert_close(torch.tensor(c.logprobs), want, rtol=0, atol=1e-5)
+            tokens += len(c.token_ids)
+            tempered = max(tempered, (torch.tensor(c.logprobs) - want).abs().max().item())
+            at_one = z.log_softmax(-1).gather(-1, picked).squeeze(-1)
+            untempered = max(untempered, (at_one - want).abs().max().item())
+    assert tokens > 0 and untempered > 0.1 > 1e-5 > tempered  # T = 1 log-probs would fail the comparison
+
+
+def test_engine_trainer_gap_at_the_sampling_temperature(policy):
+    # A batch sampled at T = 0.7 carries T; the trainer's log-probs at that T match the engine's to float
+    # rounding (KV cache vs full pass), while the T = 1 log-probs of the same batch (what the trainer took
+    # before) are far off: the gap the test measures is one that can fail.
+    model, tok, engine = policy
+    codec = ChatCodec(tok)
+    sampling = SamplingParams(n=4, temperature=0.7, max_new_tokens=6)
+    episodes = run_episodes(engine, codec, Environment(), ROWS, [0, 1], sampling)
+    batch = to_batch(episodes, [{"score": 0.0}] * len(episodes), codec.pad_id, sampling.temperature)
+    assert batch.temperature == 0.7 and batch.select(torch.tensor([1, 0])).temperature == 0.7
+    mask = batch.response_mask
+
+    def gap(temperature: float) -> float:
+        with torch.no_grad():
+            logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=temperature)
+        return ((logp - batch.behaviour_logprobs).abs() * mask).sum().item() / mask.sum().item()
+
+    at_t, at_one = gap(batch.temperature), gap(1.0)
+    print(f"HF engine mean |behaviour - trainer| at T=0.7: {at_t:.2e} (trainer at T=1: {at_one:.3g})")
+    assert mask.sum() > 0 and at_t < 1e-5 and at_one > 1e3 * at_t and at_one > 0.01
+
+
+def test_experience_batches_carry_the_temperature_they_were_sampled_at(policy):
+    from data_modules.rollout import RolloutDataModule
+    from lit_credit.rewards import ExactMatchReward
+    from lit_credit.tasks import ArithTask
+
+    model, tok, engine = policy
+    task = ArithTask(max_operand=9, num_test=4)
+    sampling = SamplingParams(n=2, temperature=0.7, max_new_tokens=4)
+    data = RolloutDataModule(task, ExactMatchReward(), engine, sampling)
+    data.bind(model, tok)
+    rows = list(task.dataset("test"))[:2]
+    assert data.generate_experience(rows).temperature == 0.7  # the train sampling
+    greedy = SamplingParams(n=1, greedy=True, max_new_tokens=4)
+    assert data.generate_experience(rows, greedy).temperature == 1.0
+
+
 def test_stop_strings_end_the_turn(policy):
     _model, tok, engine = policy
     codec = ChatCodec(tok)

@@ -37,7 +37,8 @@ RUN = ["callbacks=none", "~logger", "validate_first=false", f"trainer.max_steps=
        "+trainer.limit_val_batches=0", "+trainer.enable_checkpointing=false", "+trainer.enable_progress_bar=false",
        f"data.prompts_per_step={PROMPTS}", f"data.sampling.n={N}", "data.sampling.max_new_tokens=16",
        "method.loss.kl_coef=0.5", "method.loss.aggregation=seq-mean-token-mean", "method.lr_scheduler=null",
-       "method.optimizer._target_=torch.optim.SGD", "method.optimizer.lr=0.1", "method.max_grad_norm=1.0"]
+       "method.optimizer._target_=torch.optim.SGD", "method.optimizer.lr=0.1", "method.max_grad_norm=1.0",
+       "method.num_minibatches=1"]  # one update per step: a rank's random minibatches are not the single process's
 
 
 class FixedExperience(RolloutDataModule):

@@ -53,18 +53,23 @@ def engine(policy):
     engine.close()
 
 
-def logprob_gap(model, prompts, results) -> float:
-    """max |engine log-prob - trainer log-prob| over every sampled token."""
-    gap = 0.0
+def token_gaps(model, prompts, results, temperature: float = 1.0) -> torch.Tensor:
+    """|engine log-prob - trainer log-prob at ``temperature``| of every sampled token, concatenated."""
+    gaps = [torch.zeros(0)]
     for prompt, per_prompt in zip(prompts, results):
         for c in per_prompt:
             if not c.token_ids:
                 continue
             ids = torch.tensor([prompt + c.token_ids])
             with torch.no_grad():
-                logp, _ = token_logprobs(model, ids, torch.ones_like(ids))
-            gap = max(gap, (logp[0, len(prompt):] - torch.tensor(c.logprobs)).abs().max().item())
-    return gap
+                logp, _ = token_logprobs(model, ids, torch.ones_like(ids), temperature=temperature)
+            gaps.append((logp[0, len(prompt):] - torch.tensor(c.logprobs)).abs())
+    return torch.cat(gaps)
+
+
+def logprob_gap(model, prompts, results, temperature: float = 1.0) -> float:
+    """max |engine log-prob - trainer log-prob| over every sampled token."""
+    return token_gaps(model, prompts, results, temperature).max().item()
 
 
 def greedy(engine, prompts) -> list[list[int]]:
@@ -135,14 +140,49 @@ def test_greedy_matches_hf_engine_and_logprobs_match_the_trainer(engine, policy,
     n_copies = engine.generate(prompts[:2], SamplingParams(n=3, greedy=True, max_new_tokens=8))
     assert all(len(per) == 3 and all(c == per[0] for c in per) for per in n_copies)
 
-    gaps = {}
-    for label, sampling in [("greedy", SamplingParams(n=1, greedy=True, max_new_tokens=16)),
-                            ("T=1", SamplingParams(n=4, max_new_tokens=16)),
-                            ("T=0.7,top_p=0.9", SamplingParams(n=4, temperature=0.7, top_p=0.9, max_new_tokens=16))]:
-        gaps[label] = logprob_gap(model, prompts, engine.generate(prompts, sampling))
+    gaps = {}  # the trainer at the batch's temperature: 1 for greedy
+    for label, sampling, temperature in [
+            ("greedy", SamplingParams(n=1, greedy=True, max_new_tokens=16), 1.0),
+            ("T=1", SamplingParams(n=4, max_new_tokens=16), 1.0),
+            ("T=0.7", SamplingParams(n=4, temperature=0.7, max_new_tokens=16), 0.7)]:
+        gaps[label] = logprob_gap(model, prompts, engine.generate(prompts, sampling), temperature)
     print(f"greedy match {matches}/{len(prompts)}; max |engine - trainer| log-prob: {gaps}")
-    # Raw (temperature-1, unfiltered) log-probs whatever the sampling temperature / top_p.
+    # processed_logprobs at top_p = 1: log_softmax(logits / T), what token_logprobs(temperature=T) computes.
     assert max(gaps.values()) < TOL, gaps
+
+
+def nucleus_logprobs(model, ids: list[int], start: int, temperature: float, top_p: float) -> torch.Tensor:
+    """The log-probs of ``ids[start:]`` under vLLM's top-p: with p = softmax(z / T) sorted ascending, a token
+    is masked when the mass of it and every less likely token is <= 1 - top_p (the most likely one always
+    stays); the rest are renormalised, so log-prob = log p(token) - log P(nucleus)."""
+    with torch.no_grad():
+        z = model(input_ids=torch.tensor([ids])).logits[0, start - 1:-1].float() / temperature
+    probs, order = z.softmax(-1).sort(-1)
+    masked = probs.cumsum(-1) <= 1 - top_p
+    masked[:, -1] = False
+    z = z.scatter(-1, order, z.gather(-1, order).masked_fill(masked, float("-inf")))
+    return z.log_softmax(-1).gather(-1, torch.tensor(ids[start:])[:, None]).squeeze(-1)
+
+
+def test_top_p_below_one_gives_the_renormalised_nucleus(engine, policy, prompts):
+    # At top_p < 1 vLLM's processed log-probs are of the renormalised nucleus, above the trainer's (the full
+    # tempered softmax, as in verl) by -log P(nucleus) >= 0: documented in VLLMEngine's module docstring.
+    model, _ = policy
+    results = engine.generate(prompts, SamplingParams(n=4, temperature=0.7, top_p=0.9, max_new_tokens=16))
+    engine_lp, nucleus, full = [], [], []
+    for prompt, per_prompt in zip(prompts, results):
+        for c in per_prompt:
+            if c.token_ids:
+                ids = prompt + c.token_ids
+                engine_lp.append(torch.tensor(c.logprobs))
+                nucleus.append(nucleus_logprobs(model, ids, len(prompt), 0.7, 0.9))
+                full.append(nucleus_logprobs(model, ids, len(prompt), 0.7, 1.0))
+    engine_lp, nucleus, full = torch.cat(engine_lp), torch.cat(nucleus), torch.cat(full)
+    # A token at the cut-off (its cumulative mass within float rounding of 1 - top_p) may fall on either side
+    # of it here and in vLLM, moving log P(nucleus) by about its own probability: rare, and small.
+    close = (engine_lp - nucleus).abs() < TOL
+    assert close.float().mean() > 0.98 and (engine_lp - nucleus).abs().max() < 1e-2
+    assert (engine_lp - full).min() > -TOL and (engine_lp - full).max() > 0.01  # the truncation shows
 
 
 def test_update_weights_after_optimiser_steps(engine, policy, prompts):
@@ -171,6 +211,31 @@ def test_update_weights_after_optimiser_steps(engine, policy, prompts):
     assert engine.llm is llm
     assert greedy(engine, prompts) == before
     assert logprob_gap(model, prompts, engine.generate(prompts, sampling)) < TOL
+
+
+def test_engine_trainer_gap_at_the_sampling_temperature_before_and_after_a_push(engine, policy, prompts):
+    # Sampled at T = 0.7, the engine's log-probs are those the trainer computes at T = 0.7 (mean |gap| about
+    # 1e-6, float rounding), both before and after a weight push; the T = 1 log-probs of the same tokens (what
+    # engine and trainer used before) are off by orders of magnitude more, so the comparison can fail.
+    model, tok = policy
+    sampling = SamplingParams(n=4, temperature=0.7, max_new_tokens=16)
+    trained = copy.deepcopy(model)
+    random_loss_steps(trained, len(tok))
+    figures = {}
+    try:
+        for label, current in (("before", model), ("after", trained)):
+            if current is trained:
+                engine.update_weights(trained)
+            results = engine.generate(prompts, sampling)
+            at_t = token_gaps(current, prompts, results, temperature=0.7)
+            at_one = token_gaps(current, prompts, results, temperature=1.0)
+            figures[label] = (len(at_t), at_t.mean().item(), at_one.mean().item())
+            assert len(at_t) > 50 and at_t.mean() < 1e-5 and at_t.max() < TOL
+            assert at_one.mean() > 1e3 * at_t.mean() and at_one.mean() > 0.01
+    finally:
+        engine.update_weights(model)
+    print("vLLM (tokens, mean |behaviour - trainer at T=0.7|, at T=1) on a T=0.7 batch: "
+          + ", ".join(f"{k} push {n} {a:.2e} {b:.3g}" for k, (n, a, b) in figures.items()))
 
 
 def test_peft_policy_is_pushed_as_merged_weights(engine, policy, prompts):
@@ -248,8 +313,10 @@ def grpo_cfg(make_cfg, *extra: str):
                     *(f"rollout.{k}={v}" for k, v in ENGINE.items()), *extra, fast_model=False)
 
 
-def test_grpo_run_keeps_the_engine_in_sync(make_cfg):
-    module, datamodule, trainer = build(grpo_cfg(make_cfg))
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_grpo_run_keeps_the_engine_in_sync(make_cfg, temperature):
+    # At T = 0.7 the batches carry T and the trainer's log-probs are taken at it: the gap stays at rounding.
+    module, datamodule, trainer = build(grpo_cfg(make_cfg, f"data.sampling.temperature={temperature}"))
     assert isinstance(datamodule.engine, VLLMEngine)
     gaps = []
     log_dict = module.log_dict
@@ -263,10 +330,10 @@ def test_grpo_run_keeps_the_engine_in_sync(make_cfg):
     initial = {k: v.clone() for k, v in module.policy.state_dict().items()}
     trainer.fit(module, datamodule=datamodule)
     moved = max((v - initial[k]).abs().max().item() for k, v in module.policy.state_dict().items())
-    print(f"GRPO engine_logprob_gap per step: {gaps}; max weight change {moved:.3g}")
+    print(f"GRPO at T={temperature} engine_logprob_gap per step: {gaps}; max weight change {moved:.3g}")
     assert trainer.global_step == 3 and len(gaps) == 3
     assert moved > 1e-3, "the policy should have moved, or the sync is not exercised"
-    assert max(gaps) < 1e-3
+    assert max(gaps) < 1e-5
     datamodule.engine.close()
 
 

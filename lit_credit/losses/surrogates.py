@@ -145,8 +145,8 @@ class GSPOSurrogate(Surrogate):
 
     Advantages are used per token (GSPO-token): with a row-constant ``A_{i,t} = A_i`` (GRPO-style credit)
     this is GSPO proper; token-varying credit (SLCA, TCPO) is weighted per token under the shared ratio.
-    The clip is on the sequence ratio; the paper uses very small ranges (3e-4 / 4e-4), while this
-    project's default is 0.2 (methods.md §0), both set by ``clip_low`` / ``clip_high``.
+    The clip is on the sequence ratio, set by ``clip_low`` / ``clip_high``; ``method=gspo`` uses the paper's
+    very small ranges (3e-4 / 4e-4): a length-normalised ratio moves little, so 0.2 almost never binds on it.
 
     Metrics (detached 0-dim tensors) are sequence level, over rows with at least one learnable token:
     ``clip_frac`` (share of sequences where clipping binds on any token, i.e. the sequence is clipped

@@ -24,39 +24,82 @@ warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual opt
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
 
+def group_rank(group_ids: torch.Tensor) -> torch.Tensor:
+    """[B] long: the rank of each rollout's group id among the batch's distinct ids, ascending (ids are minted
+    in draw order, so this is the draw order). One stable sort and a cumsum: no host sync, no data-dependent
+    shape."""
+    ids, order = group_ids.sort(stable=True)
+    new = torch.ones_like(ids, dtype=torch.bool)
+    new[1:] = ids[1:] != ids[:-1]
+    rank = torch.empty_like(order)
+    rank[order] = new.long().cumsum(0) - 1
+    return rank
+
+
 def nonzero_variance_groups(batch: RolloutBatch) -> torch.Tensor:
-    """[B] bool: rollouts whose group's scores are not all equal (DAPO dynamic sampling keeps these)."""
-    _, inverse = torch.unique(batch.group_ids, return_inverse=True)
-    n = int(inverse.max()) + 1
-    high = torch.full((n,), -torch.inf).scatter_reduce(0, inverse, batch.scores, "amax")
-    low = torch.full((n,), torch.inf).scatter_reduce(0, inverse, batch.scores, "amin")
-    return (high > low)[inverse]
+    """[B] bool on the batch's device: rollouts whose group's scores are not all equal (DAPO's dynamic sampling
+    keeps these): ``keep_i = max_{j in g(i)} r_j > min_{j in g(i)} r_j``, two segment reductions over the
+    group ranks (:func:`group_rank`; also runs on the ``meta`` device)."""
+    rank, scores = group_rank(batch.group_ids), batch.scores
+    high = scores.new_full(scores.shape, -torch.inf).scatter_reduce(0, rank, scores, "amax")
+    low = scores.new_full(scores.shape, torch.inf).scatter_reduce(0, rank, scores, "amin")
+    return (high > low)[rank]
+
+
+def informative_groups(batch: RolloutBatch, keep: torch.Tensor, limit: int) -> tuple[torch.Tensor, int]:
+    """The first ``limit`` groups in draw order (by group id) among the groups ``keep`` ([B] bool, constant
+    within a group) marks: ([B] bool, how many groups that is, at most ``limit``)."""
+    rank = group_rank(batch.group_ids)
+    kept = torch.zeros_like(rank).scatter_reduce(0, rank, keep.long(), "amax")  # [B]: group of rank r is kept
+    before = kept.cumsum(0)  # kept groups of rank <= r
+    return keep & (before[rank] <= limit), min(int(before[-1]), limit)
 
 
 class GRPOModule(L.LightningModule):
     """GRPO-family policy optimisation with manual optimisation.
 
-    One training step: rollouts with the current weights (from the DataModule) -> old and reference
-    log-probs -> ``credit(batch)`` token advantages -> ``ppo_epochs`` x ``num_minibatches`` updates of
-    ``loss`` with gradient clipping -> LR schedule -> weight sync to the engine -> logs. GRPO, Dr.GRPO,
-    DAPO and GSPO are configs of this module (credit + loss + ``dynamic_sampling``); SLCA-GRPO, TCPO and
-    MT-GRPO swap the credit estimator. ``trainer.global_step`` counts optimiser updates.
+    One training step: rollouts with the current weights (from the DataModule; with ``dynamic_sampling``,
+    refilled as below) -> old and reference log-probs -> ``credit(batch)`` token advantages -> ``ppo_epochs``
+    x ``num_minibatches`` updates of ``loss`` with gradient clipping (each epoch a fresh random split of the
+    batch's rollouts) -> LR schedule -> weight sync to the engine -> logs. GRPO, Dr.GRPO, DAPO and GSPO are
+    configs of this module (credit + loss + ``dynamic_sampling``); SLCA-GRPO, TCPO and MT-GRPO swap the credit
+    estimator.
+
+    PPO ratio: the old log-probs are the policy's before the step's first update, taken once. With one update
+    per step (``ppo_epochs = num_minibatches = 1``) they equal the trainer's log-probs, so the ratio is exactly
+    1 and no clip (DAPO's clip-higher, GSPO's sequence ratio) ever acts; the method configs therefore use 4
+    minibatches (verl's default split, ``ppo_mini_batch_size = train_batch_size / 4``). ``trainer.global_step``
+    counts training steps (one rollout batch each, whatever its number of updates): ``trainer.max_steps``,
+    checkpoints and the LR schedule are per rollout batch, as verl's ``global_steps``.
+
+    Dynamic sampling (DAPO): a group whose rewards are all equal has zero advantage and is dropped. While the
+    step holds fewer than ``prompts_per_step`` groups with a reward spread and fewer than ``max_sampling_draws``
+    prompt batches were drawn, the DataModule draws the stream's next batch
+    (:meth:`~data_modules.RolloutDataModule.refill_experience`); the first ``prompts_per_step`` such groups in
+    draw order are kept, extras dropped. At the cap the step trains on the informative groups found, and on
+    the first draw with all advantages 0 when there is none (only a KL term then moves the weights): the run
+    always advances (DAPO's trainer raises instead). Logged: ``train/sampling_draws``, ``train/kept_frac``
+    (kept groups / drawn groups) and ``train/informative_groups``; the ``train/reward/*`` rollout metrics
+    are over every draw.
     """
 
     def __init__(self, policy: PolicySource, credit: CreditEstimator, loss: PolicyLoss,
                  optimizer: OptimizerCallable = torch.optim.AdamW, lr_scheduler: LRSchedulerCallable | None = None,
                  ppo_epochs: int = 1, num_minibatches: int = 1, max_grad_norm: float = 1.0,
-                 dynamic_sampling: bool = False, max_logprob_gap: float | None = None,
+                 dynamic_sampling: bool = False, max_sampling_draws: int = 10, max_logprob_gap: float | None = None,
                  logprob_token_budget: int | None = 16384) -> None:
         super().__init__()
         if ppo_epochs < 1 or num_minibatches < 1:
             raise ValueError(f"method.ppo_epochs={ppo_epochs}, method.num_minibatches={num_minibatches}: both >= 1")
+        if max_sampling_draws < 1:
+            raise ValueError(f"method.max_sampling_draws={max_sampling_draws}: must be >= 1 (1: no refill)")
         self.save_hyperparameters(ignore=["policy"])
         self.automatic_optimization = False
         self.source, self.credit, self.loss = policy, credit, loss
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.ppo_epochs, self.num_minibatches, self.max_grad_norm = ppo_epochs, num_minibatches, max_grad_norm
-        self.dynamic_sampling, self.max_logprob_gap = dynamic_sampling, max_logprob_gap
+        self.dynamic_sampling, self.max_sampling_draws = dynamic_sampling, max_sampling_draws
+        self.max_logprob_gap = max_logprob_gap
         self.logprob_token_budget = logprob_token_budget  # padding-free micro-batches (models.token_logprobs)
         self.credit_trace: list[CreditTrace] = []  # the last step's credited batches (callbacks.CreditRecords)
         self._resume_rng: dict[str, Any] | None = None
@@ -113,9 +156,10 @@ class GRPOModule(L.LightningModule):
     def _logprobs(
         self, model: torch.nn.Module, batch: RolloutBatch, entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[B, T] log-probs under ``model`` and, with ``entropy``, the entropy (else None)."""
+        """[B, T] log-probs under ``model`` at the batch's sampling temperature and, with ``entropy``, the
+        entropy (else None)."""
         return token_logprobs(model, batch.input_ids, batch.attention_mask, self.logprob_token_budget,
-                              entropy=entropy)
+                              entropy=entropy, temperature=batch.temperature)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
@@ -128,21 +172,33 @@ class GRPOModule(L.LightningModule):
         with self.policy.disable_adapter():
             return self._logprobs(self.policy, batch)[0]
 
+    def dynamic_sample(self, batch: RolloutBatch, prompts: int) -> tuple[RolloutBatch, RolloutBatch, bool, float,
+                                                                        dict[str, float]]:
+        """DAPO's dynamic sampling with refills (see the class docstring) from the step's first draw ``batch``:
+        (every rollout drawn, the rollouts to train on, whether they hold an informative group, the draws'
+        generation seconds, metrics)."""
+        first, draws, generation_s = batch, 1, self.rollouts.last_generation_s
+        keep, found = informative_groups(batch, nonzero_variance_groups(batch), prompts)
+        while found < prompts and draws < self.max_sampling_draws:
+            batch = self.rollouts.refill_experience(batch)
+            draws, generation_s = draws + 1, generation_s + self.rollouts.last_generation_s
+            keep, found = informative_groups(batch, nonzero_variance_groups(batch), prompts)
+        groups = len(torch.unique(batch.group_ids))
+        metrics = {"train/sampling_draws": float(draws), "train/informative_groups": float(found),
+                   "train/kept_frac": found / groups}
+        return batch, batch.select(keep) if found else first, found > 0, generation_s, metrics
+
     def training_step(self, rows: list[dict[str, Any]], batch_idx: int) -> None:
         start = time.perf_counter()
         self.rollouts.bind(self.policy, self.tokenizer)
         batch = self.rollouts.generate_experience(rows).to(self.device)
-        generation_s = self.rollouts.last_generation_s
-        logs = {**self.rollout_metrics(batch, "train"), **self.rollouts.backend_counts.take(),
-                "perf/generation_s": generation_s,
-                "perf/rollout_tokens_per_s": batch.response_mask.sum().item() / max(generation_s, 1e-9)}
+        generation_s, informative, sampling = self.rollouts.last_generation_s, True, {}
+        drawn = batch
         if self.dynamic_sampling:
-            keep = nonzero_variance_groups(batch)
-            logs["train/kept_frac"] = keep.float().mean().item()
-            if not keep.any():
-                self.log_dict(logs, batch_size=len(rows))
-                return
-            batch = batch.select(keep)
+            drawn, batch, informative, generation_s, sampling = self.dynamic_sample(batch, len(rows))
+        logs = {**self.rollout_metrics(drawn, "train"), **sampling, **self.rollouts.backend_counts.take(),
+                "perf/generation_s": generation_s,
+                "perf/rollout_tokens_per_s": drawn.response_mask.sum().item() / max(generation_s, 1e-9)}
 
         extra_start = time.perf_counter()
         extra = self.augment_experience(batch)
@@ -155,6 +211,8 @@ class GRPOModule(L.LightningModule):
             ref_logp = self.reference_logprobs(batch)
         credit = self.credit(batch)
         advantages, mask = credit.advantages, batch.response_mask
+        if not informative:  # dynamic sampling found no group with a reward spread: no policy-gradient signal
+            advantages = torch.zeros_like(advantages)
         self.credit_trace = [CreditTrace("policy", batch, advantages)]
         leakage = credit_leakage(batch, advantages)
         if leakage == leakage:  # not NaN: a tool task with a summary score
@@ -167,16 +225,18 @@ class GRPOModule(L.LightningModule):
         gap, entropy, updates = [], [], []
         for epoch in range(self.ppo_epochs):
             order = torch.randperm(len(batch), device=self.device)
-            for idx in order.chunk(self.num_minibatches):
+            chunks = order.chunk(self.num_minibatches)
+            for i, idx in enumerate(chunks):
                 mb = batch.select(idx)
                 logp, ent = self._logprobs(self.policy, mb, entropy=True)
+                # One update: the policy has not moved since the rollouts, so old = logp (ratio exactly 1).
                 old = logp.detach() if single_update else old_logp[idx]
                 loss, metrics = self.loss(logp, old, advantages[idx], mask[idx],
                                           ref_logp[idx] if ref_logp is not None else None)
                 opt.zero_grad()
                 self.manual_backward(loss)
                 metrics["train/grad_norm"] = self._clip(opt)
-                opt.step()
+                self._step(opt, last=epoch == self.ppo_epochs - 1 and i == len(chunks) - 1)
                 updates.append(metrics)
                 if epoch == 0:
                     gap.append(masked_mean((old - mb.behaviour_logprobs).abs(), mask[idx]))
@@ -192,7 +252,9 @@ class GRPOModule(L.LightningModule):
                                "did not take)")
         elapsed = time.perf_counter() - start
         tokens = batch.attention_mask.sum().item()
-        logs.update({k: sum(m[k] for m in updates) / len(updates) for k in updates[0]})
+        reduce = {"loss/ratio_min": min, "loss/ratio_max": max}  # the others: mean over the step's updates
+        logs.update({k: reduce.get(k, lambda v: sum(v) / len(v))([m[k] for m in updates]) for k in updates[0]})
+        logs["train/updates"] = float(len(updates))
         logs.update(credit.metrics)
         logs.update({
             "train/engine_logprob_gap": logprob_gap,
@@ -217,6 +279,14 @@ class GRPOModule(L.LightningModule):
         """A method's occasional diagnostics, computed before the update and logged at this step only (none for
         plain GRPO). Lightning's ``self.log`` would repeat a key's last value at every later step."""
         return {}
+
+    def _step(self, opt, last: bool) -> None:
+        """One optimiser update. Lightning counts the step's last one (``global_step``: one per training step);
+        the others go to the strategy directly, which applies the same precision plugin, uncounted."""
+        if last:
+            opt.step()
+        else:
+            self.trainer.strategy.optimizer_step(opt.optimizer, closure=lambda: None)
 
     def _clip(self, opt) -> float:
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]

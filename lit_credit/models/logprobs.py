@@ -9,15 +9,20 @@ from torch import Tensor
 
 
 def _forward(
-    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, entropy: bool
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, entropy: bool, temperature: float = 1.0
 ) -> tuple[Tensor, Tensor | None]:
-    """``logp = z[token] - logsumexp(z)`` (no [B, T, V] log-softmax kept for backward) and, with
-    ``entropy``, ``H = logsumexp(z) - sum softmax(z) z``, a diagnostic computed without a graph. Without
-    gradient or entropy the logits are consumed in place (:func:`picked_logprobs_`)."""
+    """With ``z = logits / temperature``: ``logp = z[token] - logsumexp(z)`` (no [B, T, V] log-softmax kept
+    for backward) and, with ``entropy``, ``H = logsumexp(z) - sum softmax(z) z`` (the entropy of the tempered
+    distribution), a diagnostic computed without a graph. Without gradient or entropy the logits are divided
+    and consumed in place (:func:`picked_logprobs_`)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     target = input_ids[:, 1:]
     if not (entropy or torch.is_grad_enabled()):
+        if temperature != 1.0:
+            logits.div_(temperature)
         return F.pad(picked_logprobs_(logits, target), (1, 0)), None
+    if temperature != 1.0:
+        logits = logits / temperature
     lse = logits.logsumexp(-1)
     logp = logits.gather(-1, target[..., None]).squeeze(-1) - lse
     h = None
@@ -62,9 +67,14 @@ def length_buckets(attention_mask: Tensor, token_budget: int) -> list[tuple[Tens
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                   token_budget: int | None = None, *, entropy: bool = True) -> tuple[Tensor, Tensor | None]:
+                   token_budget: int | None = None, *, entropy: bool = True,
+                   temperature: float = 1.0) -> tuple[Tensor, Tensor | None]:
     """``logp[b, t] = log pi(input_ids[b, t] | input_ids[b, :t])`` and, with ``entropy``, the entropy of that
-    distribution (a diagnostic: no gradient flows through it; None without ``entropy``).
+    distribution (a diagnostic: no gradient flows through it; None without ``entropy``). ``pi`` is
+    ``softmax(logits / temperature)``, the distribution a batch sampled at that temperature was drawn from,
+    so pass the batch's ``RolloutBatch.temperature`` (as verl and TRL do). Top-p is not renormalised (as in
+    verl): a batch sampled with ``top_p < 1`` gets the log-probs of the full tempered softmax, not of the
+    nucleus.
 
     Shape: input_ids, attention_mask [B, T] (right-padded) -> logp [B, T], entropy [B, T]; position 0 (no
     context) and padding are 0. Computed in float32 whatever the model dtype. With ``token_budget`` the rows
@@ -73,12 +83,16 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
     Without gradient and entropy (reference and old-policy log-probs) no [B, T, V] temporary is made beyond
     the model's logits.
     """
+    if not temperature > 0:
+        raise ValueError(f"token_logprobs: temperature={temperature!r} must be > 0 (a batch's "
+                         "RolloutBatch.temperature, the data.sampling.temperature it was sampled at; 1.0 for "
+                         "greedy batches)")
     if token_budget is None:
-        return _forward(model, input_ids, attention_mask, entropy)
+        return _forward(model, input_ids, attention_mask, entropy, temperature)
     width = input_ids.shape[1]
     parts, rows = [], []
     for index, w in length_buckets(attention_mask, token_budget):
-        outputs = _forward(model, input_ids[index, :w], attention_mask[index, :w], entropy)
+        outputs = _forward(model, input_ids[index, :w], attention_mask[index, :w], entropy, temperature)
         parts.append(torch.stack([F.pad(x, (0, width - w)) for x in outputs if x is not None]))
         rows.append(index)
     inverse = torch.cat(rows).argsort()

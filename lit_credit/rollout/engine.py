@@ -31,8 +31,11 @@ class RolloutEngine(Protocol):
 class HFEngine:
     """``model.generate`` with KV cache on the trainer's own policy: no weight copy, so sync is a no-op.
 
-    Behaviour log-probs are taken from the raw (temperature 1, unfiltered) logits of each sampled token,
-    the distribution the trainer recomputes.
+    Behaviour log-probs are ``log_softmax(z / T)[token]`` of each sampled token, ``z`` the model's raw logits
+    (``output_logits``, before any logits processor) and ``T`` the sampling temperature (1 for greedy): the
+    distribution the trainer recomputes for a batch sampled at ``T`` (``token_logprobs(temperature=T)``).
+    Top-p is not renormalised (as in verl): with ``top_p < 1`` tokens are drawn from the nucleus of
+    ``softmax(z / T)``, but their log-probs are of the full tempered softmax, so engine and trainer agree.
     """
 
     def __init__(self, batch_size: int = 256) -> None:
@@ -89,7 +92,10 @@ class HFEngine:
         from lit_credit.models.logprobs import picked_logprobs_  # models imports this module
 
         new = gen.sequences[:, width:]
-        logprobs = picked_logprobs_(torch.stack(gen.logits, 1).float(), new)
+        logits = torch.stack(gen.logits, 1).float()  # [N, L, V], a new tensor: divided and consumed in place
+        if not sampling.greedy:
+            logits.div_(sampling.temperature)
+        logprobs = picked_logprobs_(logits, new)
         return [self._completion(row, lp, sampling.stop) for row, lp in zip(new.tolist(), logprobs.tolist())]
 
     def _completion(self, tokens: list[int], logprobs: list[float], stop: tuple[str, ...]) -> Completion:

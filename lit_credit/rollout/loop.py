@@ -123,9 +123,11 @@ def _stack_part(values: list[float | list[float] | None], num_turns: int) -> tor
     return torch.tensor([[float(x) for x in v] + [0.0] * (width - len(v)) for v in values])
 
 
-def to_batch(episodes: list[Episode], rewards: list[dict[str, float]], pad_id: int) -> RolloutBatch:
+def to_batch(episodes: list[Episode], rewards: list[dict[str, float]], pad_id: int,
+             temperature: float = 1.0) -> RolloutBatch:
     """Right-pad episodes into a RolloutBatch; ``rewards[i]`` holds episode i's parts (``score`` required;
-    per-turn list parts become [B, K] tensors, see :func:`_stack_part`)."""
+    per-turn list parts become [B, K] tensors, see :func:`_stack_part`); ``temperature``: what they were
+    sampled at."""
     width = max(len(e.token_ids) for e in episodes)
 
     def pad(key: str, value: float, dtype: torch.dtype) -> torch.Tensor:
@@ -155,4 +157,5 @@ def to_batch(episodes: list[Episode], rewards: list[dict[str, float]], pad_id: i
         turn_mask=turn_mask,
         metadata=[{"id": e.row.get("id"), "replies": e.replies, "finish": e.finish_reasons, "row": e.row}
                   for e in episodes],
+        temperature=temperature,
     )

@@ -20,9 +20,25 @@ are plain in-memory copies: ``update_weights`` hands the full ``state_dict`` to 
 and resets the prefix cache (its KV blocks were computed with the old weights). The full state dict matters:
 it holds the tied ``lm_head.weight`` that ``named_parameters()`` omits, and vLLM keeps a separate copy of it.
 
-Behaviour log-probs use ``logprobs_mode="raw_logprobs"``: the temperature-1, unfiltered
-``log_softmax`` of the logits, the distribution the trainer recomputes (``token_logprobs``); in float32 the
-two agree to ~1e-5. Set ``method.max_logprob_gap`` (e.g. 1e-3 in float32) so a sync that did not take fails.
+Behaviour log-probs use ``logprobs_mode="processed_logprobs"``: vLLM's sampler returns the ``log_softmax`` of
+the logits it samples from, after temperature (``logits / T``; greedy rows keep ``T = 1``) and after top-k /
+top-p masking (read in vLLM's ``v1/sample/sampler.py`` and ``ops/topk_topp_sampler.py``; no penalties, bad
+words, logit bias or min-p are set, so nothing else acts). At ``top_p = 1`` (top-k is always off) that is
+``log_softmax(logits / T)``, exactly what the trainer recomputes for a batch sampled at ``T``
+(``token_logprobs(temperature=T)``); in float32 the two agree to ~1e-6 (tests' policy at ``T = 0.7``: mean
+2e-7, max 1.4e-6). (``raw_logprobs``, vLLM's default, is the temperature-1 distribution: off by 0.16 nat per
+token there; the tempered full softmax cannot be rebuilt from it or from ``processed_logits`` without the
+whole vocabulary's values.)
+
+At ``top_p < 1`` the masked tokens are ``-inf`` and the rest renormalised, so each log-prob is
+``log p_T(token) - log P_T(nucleus)``: the exact sampling distribution, above the trainer's (which, as in
+verl, does not renormalise top-p) by ``-log P_T(nucleus) >= 0``. ``train/engine_logprob_gap`` then reads the
+nucleus truncation on top of any weight mismatch (HFEngine's log-probs are of the full tempered softmax at
+any top_p), and TCPO's ``surprisal`` selection sees the renormalised values. Set ``method.max_logprob_gap``
+(e.g. 1e-3 in float32, top_p = 1) so a sync that did not take fails; with top_p < 1 leave it null or above
+the truncation. On CUDA a processed mode keeps vLLM off its FlashInfer top-p sampler (it cannot return the
+processed values): with top_p < 1 sampling runs vLLM's PyTorch top-p path instead (at top_p = 1 there is no
+filter and nothing changes).
 
 Wrapped policies: a model sharded with FSDP2 (DTensor parameters) is gathered with
 ``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` (only rank 0 receives it, so only a
@@ -238,7 +254,7 @@ class VLLMEngine:
             model=directory, tokenizer=directory, dtype=self.dtype, max_model_len=self.max_model_len,
             gpu_memory_utilization=self.gpu_memory_utilization, tensor_parallel_size=self.tensor_parallel_size,
             enforce_eager=self.enforce_eager, enable_prefix_caching=self.enable_prefix_caching, seed=self.seed,
-            logprobs_mode="raw_logprobs", generation_config="vllm", disable_log_stats=True,
+            logprobs_mode="processed_logprobs", generation_config="vllm", disable_log_stats=True,
         )
         if self.kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(self.kv_cache_memory_bytes)

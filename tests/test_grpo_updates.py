@@ -1,0 +1,100 @@
+"""Several updates per rollout batch make the PPO ratio act: with one update it is exactly 1 (no clip, no DAPO
+clip-higher, no GSPO sequence ratio), from the second minibatch on it moves, and GSPO's length-normalised
+sequence ratio then differs from the per-token ratios. The shipped configs use several updates."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from lit_credit.config import check_config
+from lit_credit.train import CONF_DIR, build
+
+STEP = ["data.prompts_per_step=8", "data.sampling.n=4", "data.sampling.max_new_tokens=6", "callbacks=none",
+        "logger=csv", "validate_first=false", "+trainer.limit_val_batches=0", "+trainer.enable_checkpointing=false",
+        "trainer.max_steps=1", "method.lr_scheduler=null", "method.loss.kl_coef=0"]
+
+
+class Recorder:
+    """The module's loss, recording each update's inputs and metrics (the loss itself is untouched)."""
+
+    def __init__(self, loss) -> None:
+        self.loss, self.calls = loss, []
+
+    def __call__(self, logp, old, advantages, mask, ref):
+        loss, metrics = self.loss(logp, old, advantages, mask, ref)
+        self.calls.append({"logp": logp.detach().clone(), "old": old.clone(), "mask": mask.clone(),
+                           "advantages": advantages.clone(), **metrics})
+        return loss, metrics
+
+
+def one_step(make_cfg, *overrides: str):
+    module, datamodule, trainer = build(make_cfg(*STEP, *overrides))
+    module.loss = recorder = Recorder(module.loss)
+    trainer.fit(module, datamodule=datamodule)
+    assert trainer.global_step == 1  # one training step, whatever its number of updates
+    return recorder.calls, trainer.callback_metrics
+
+
+def test_one_update_per_batch_leaves_the_ratio_exactly_one(make_cfg):
+    # ppo_epochs = num_minibatches = 1: old log-probs = the trainer's own (detached), r = exp(0) = 1 on every
+    # token, so the clip never binds, at any learning rate: the regime every experiment ran in before.
+    calls, metrics = one_step(make_cfg, "method=dapo", "method.num_minibatches=1", "method.optimizer.lr=1e-1")
+    (call,) = calls
+    assert torch.equal(call["logp"], call["old"])
+    assert call["loss/ratio_min"] == call["loss/ratio_max"] == 1.0 and call["loss/clip_frac"] == 0.0
+    assert float(metrics["loss/clip_frac"]) == 0.0 and float(metrics["train/updates"]) == 1.0
+
+
+@pytest.mark.parametrize("method", ["gspo", "dapo"])
+def test_the_ratio_acts_from_the_second_minibatch(method, make_cfg):
+    # 32 rollouts in 4 minibatches of 8, AdamW at lr 1e-2 (no warm-up): 4 updates in one training step. Dynamic
+    # sampling (DAPO's own; switched on for GSPO too) fills the step with groups that have a reward spread, so
+    # every rollout has a non-zero advantage and the first update has a gradient (the tiny policy is mostly
+    # wrong: a random minibatch of plain sampling often has none).
+    calls, metrics = one_step(make_cfg, f"method={method}", "method.num_minibatches=4", "method.optimizer.lr=1e-2",
+                              "method.dynamic_sampling=true")
+    assert len(calls) == 4 and float(metrics["train/updates"]) == 4
+    first, second = calls[0], calls[1]
+    m0 = first["mask"] != 0
+    assert (first["advantages"][m0] != 0).all()
+    # Minibatch 1: the policy has not moved since the old log-probs were taken: r = 1 up to float noise.
+    assert (first["logp"] - first["old"])[m0].abs().max() < 1e-5
+    # Minibatch 2, after one update: per-token log-ratios log r_t = logp_t - old_t, and GSPO's
+    # length-normalised sequence ratio s_i = exp(sum_t m_t log r_t / sum_t m_t).
+    m = second["mask"] != 0
+    log_r = torch.where(m, second["logp"] - second["old"], torch.zeros_like(second["logp"]))
+    s = torch.exp(log_r.sum(-1) / m.sum(-1))
+    present = m.any(-1)
+    assert (log_r[m].abs() > 1e-3).any()  # the token ratios moved off 1
+    if method == "gspo":
+        assert (s[present] - 1).abs().max() > 1e-3  # the sequence ratio moved off 1
+        # ... and differs from the token ratios inside a row: r_t = s_i for every t only if log r is flat
+        token_vs_seq = (torch.exp(log_r) - s[:, None]).abs()[m]
+        assert token_vs_seq.max() > 1e-3
+        # the surrogate's ratio is that sequence ratio (its metric: mean of s_i over rows with tokens)
+        assert second["loss/ratio_mean"] == pytest.approx(s[present].mean().item(), rel=1e-5)
+    # the clip binds somewhere in the later updates (clip 0.2, DAPO 0.2 / 0.28), never on the first
+    assert first["loss/clip_frac"] == 0.0
+    assert max(c["loss/clip_frac"] for c in calls[1:]) > 0
+    assert float(metrics["loss/clip_frac"]) > 0  # the step's mean over its updates, as logged
+
+
+@pytest.mark.parametrize("experiment", ["grpo_arith", "slca_toolcall", "grpo_toolcall", "toolpo_toolcall",
+                                        "slca_tcpo_toolcall", "tcpo_math"])
+def test_the_grpo_family_experiments_take_several_updates_per_rollout_batch(experiment, make_cfg):
+    cfg = make_cfg(f"experiment={experiment}", fast_task=False, fast_model=False)
+    check_config(cfg)  # num_minibatches divides prompts_per_step x n
+    method, data = cfg.method, cfg.data
+    assert method.ppo_epochs * method.num_minibatches > 1
+    assert (data.prompts_per_step * data.sampling.n) % method.num_minibatches == 0
+
+
+def test_grpo_yaml_holds_the_default_every_method_inherits():
+    grpo = OmegaConf.load(CONF_DIR / "method" / "grpo.yaml")
+    assert (grpo.ppo_epochs, grpo.num_minibatches, grpo.max_sampling_draws) == (1, 4, 10)
+    for name in ("dapo", "gspo", "dr_grpo", "slca_grpo", "tcpo", "slca_tcpo"):
+        text = Path(CONF_DIR / "method" / f"{name}.yaml").read_text()
+        assert "num_minibatches" not in text and "ppo_epochs" not in text, name  # inherited, not overridden
