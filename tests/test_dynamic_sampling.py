@@ -95,7 +95,21 @@ def test_the_draw_cap_trains_on_what_was_found_and_the_run_advances(make_cfg):
 
 def test_no_informative_group_at_all_still_steps_with_zero_advantages(make_cfg):
     # Every group at zero variance, max_sampling_draws=3: batches 0, 2, 3 drawn, the step trains on batch 0
-    # with advantages 0, so DAPO's loss (no KL) is exactly 0; global_step still advances.
+    # with advantages 0, so DAPO's loss (no KL) is exactly 0; global_step still advances. Two steps: the first
+    # has a spread (batch 0, prompt 0) and gives AdamW momentum; the second finds none and must not move the
+    # weights (a zero gradient through AdamW would, by its momentum).
+    module, datamodule, trainer = build(make_cfg(*RUN, "trainer.max_steps=2", "method.max_sampling_draws=3"))
+    datamodule.setup("fit")
+    datamodule.reward = PromptReward({datamodule.stream.batch(0)[0]["id"]})
+    snapshots = []
+    step = module.training_step
+    module.training_step = lambda *a: (snapshots.append(copy.deepcopy(module.policy.state_dict())), step(*a))[1]
+    trainer.fit(module, datamodule=datamodule)
+    moved = lambda a, b: any(not torch.equal(a[k], b[k]) for k in a)  # noqa: E731
+    assert trainer.global_step == 2 and len(snapshots) == 2
+    assert moved(snapshots[0], snapshots[1])  # step 1 had a group with a spread: an update
+    assert not moved(snapshots[1], module.policy.state_dict())  # step 2 had none: the weights stay
+    assert float(trainer.callback_metrics["train/informative_groups"]) == 0.0
     _, _, trainer, traces, order, batch = run(make_cfg, {}, 1, 3)
     assert order == ids_of(batch(0) + batch(2) + batch(3))
     assert trainer.global_step == 1

@@ -46,7 +46,7 @@ from lit_credit.types import RolloutBatch
 FUZZ = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 ALLOWED = ["f", "g"]
-REASONS = {"json", "type", "name", "unknown_tool", "arguments"}
+REASONS = {"json", "type", "name", "unknown_tool", "arguments", "empty"}
 
 # ------------------------------------------------------------------------------------------------ text
 json_values = st.recursive(
@@ -83,7 +83,7 @@ def test_parse_tool_calls_never_raises(text, allowed):
     assert parsed.n_valid <= len(parsed.blocks) <= min(parsed.n_open, parsed.n_close)
     for block in parsed.blocks:
         assert block.valid == (block.reason == "") and (block.valid or block.reason in REASONS)
-        # a valid block holds one call per item ([] is a valid block of none, as officially); an invalid one none
+        # a valid block holds one call per item ([] is the invalid "empty" block here); an invalid one none
         assert len(block.calls) == (len(block.items) if block.valid else 0)
         assert [c for c, _ in block.items if c is not None] == [c for c, r in block.items if not r]
     assert all(c in parsed.executed for c in parsed.calls)  # the environment executes every scored call

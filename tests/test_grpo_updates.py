@@ -82,6 +82,21 @@ def test_the_ratio_acts_from_the_second_minibatch(method, make_cfg):
     assert float(metrics["loss/clip_frac"]) > 0  # the step's mean over its updates, as logged
 
 
+def test_lora_dropout_is_off_so_the_first_update_has_ratio_one(make_cfg):
+    # model/lora=r8 has lora_dropout 0.05, and PEFT leaves those dropout modules in training mode: the old
+    # log-probs (no grad) and a minibatch's (with grad) would see different dropout masks, a ratio off 1 before
+    # any update of the step. (In step 1 LoRA's B = 0 hides it: dropout(x) A B = 0.) RL runs the policy in eval
+    # mode, so the first minibatch of step 2, after step 1's updates moved B, still has a ratio of 1.
+    module, datamodule, trainer = build(make_cfg(*STEP, "trainer.max_steps=2", "model/lora=r8", "method=dapo",
+                                                 "method.num_minibatches=4", "method.optimizer.lr=1e-2",
+                                                 "method.dynamic_sampling=true"))
+    module.loss = recorder = Recorder(module.loss)
+    trainer.fit(module, datamodule=datamodule)
+    first = recorder.calls[4]  # step 2, minibatch 1
+    m0 = first["mask"] != 0
+    assert (first["logp"] - first["old"])[m0].abs().max() < 1e-5
+
+
 @pytest.mark.parametrize("experiment", ["grpo_arith", "slca_toolcall", "grpo_toolcall", "toolpo_toolcall",
                                         "slca_tcpo_toolcall", "tcpo_math"])
 def test_the_grpo_family_experiments_take_several_updates_per_rollout_batch(experiment, make_cfg):

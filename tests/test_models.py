@@ -140,12 +140,17 @@ def test_token_logprobs_at_a_temperature_by_hand():
             token_logprobs(model, ids, mask, temperature=bad)
 
 
-def test_token_logprobs_at_a_temperature_match_a_manual_tempered_log_softmax():
+def tiny_llama_batch() -> tuple[LlamaForCausalLM, torch.Tensor, torch.Tensor]:
+    """A 1-layer random Llama (vocabulary 50, seed 0) and 3 right-padded rows of lengths 9, 4, 6."""
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
                                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
     mask = (torch.arange(9) < torch.tensor([9, 4, 6])[:, None]).long()
-    ids = torch.randint(1, 50, (3, 9)) * mask
+    return model, torch.randint(1, 50, (3, 9)) * mask, mask
+
+
+def test_token_logprobs_at_a_temperature_match_a_manual_tempered_log_softmax():
+    model, ids, mask = tiny_llama_batch()
     with torch.no_grad():
         z = model(input_ids=ids, attention_mask=mask).logits[:, :-1] / 0.5
     # position t holds log softmax(z[t - 1])[ids[t]] on real tokens, 0 at t = 0 and on padding
@@ -164,11 +169,7 @@ def test_token_logprobs_at_a_temperature_match_a_manual_tempered_log_softmax():
 
 def test_logprobs_without_gradient_or_entropy_consume_the_logits_in_place_and_agree():
     # reference / old-policy log-probs: no graph, no entropy -> z[token] - logsumexp(z) taken in place
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
-    mask = (torch.arange(9) < torch.tensor([9, 4, 6])[:, None]).long()
-    ids = torch.randint(1, 50, (3, 9)) * mask
+    model, ids, mask = tiny_llama_batch()
     with_grad, entropy = token_logprobs(model, ids, mask, token_budget=16)
     with torch.no_grad():
         plain, none = token_logprobs(model, ids, mask, token_budget=16, entropy=False)

@@ -77,8 +77,9 @@ class GRPOModule(L.LightningModule):
     prompt batches were drawn, the DataModule draws the stream's next batch
     (:meth:`~data_modules.RolloutDataModule.refill_experience`); the first ``prompts_per_step`` such groups in
     draw order are kept, extras dropped. At the cap the step trains on the informative groups found, and on
-    the first draw with all advantages 0 when there is none (only a KL term then moves the weights): the run
-    always advances (DAPO's trainer raises instead). Logged: ``train/sampling_draws``, ``train/kept_frac``
+    the first draw with all advantages 0 when there is none, without moving the weights (no gradient reaches
+    the optimiser, so AdamW's momentum does not move them either): the run always advances (DAPO's trainer
+    raises instead). One process only (the number of draws is rank-local). Logged: ``train/sampling_draws``, ``train/kept_frac``
     (kept groups / drawn groups) and ``train/informative_groups``; the ``train/reward/*`` rollout metrics
     are over every draw.
     """
@@ -147,8 +148,18 @@ class GRPOModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._resume_rng = checkpoint.get("rng_states")
 
+    def setup(self, stage: str) -> None:
+        if self.dynamic_sampling and self.trainer.world_size > 1:
+            raise ValueError("method.dynamic_sampling=true runs on one process (each rank would draw a different "
+                             "number of refills and keep a different number of rollouts, and the collectives of "
+                             "DDP / FSDP would hang); set method.dynamic_sampling=false or use one device")
+
     def on_train_start(self) -> None:
-        """Resuming: put back the checkpoint's random states once everything that might draw on setup ran."""
+        """Dropout off for RL (the LoRA dropout PEFT leaves in training mode too), so the old, reference and
+        trainer log-probs and the engine's, which samples in eval mode, are of one distribution and the PPO ratio
+        of the first update is exactly 1. Resuming: put back the checkpoint's random states once everything
+        that might draw on setup ran."""
+        self.policy.eval()
         if self._resume_rng is not None:
             restore_rng(self._resume_rng, self, self.trainer.datamodule)
             self._resume_rng = None
@@ -235,6 +246,8 @@ class GRPOModule(L.LightningModule):
                                           ref_logp[idx] if ref_logp is not None else None)
                 opt.zero_grad()
                 self.manual_backward(loss)
+                if not informative:  # no group with a reward spread: no update (AdamW skips grad-less weights)
+                    opt.zero_grad(set_to_none=True)
                 metrics["train/grad_norm"] = self._clip(opt)
                 self._step(opt, last=epoch == self.ppo_epochs - 1 and i == len(chunks) - 1)
                 updates.append(metrics)

@@ -79,7 +79,9 @@ def strip_think(text: str) -> str:
 class ToolCallBlock:
     """One ``<tool_call>`` body; ``reason`` is "" when valid, else the first failure: ``json`` (not JSON),
     ``type`` (not a dict or list, or an item of the list not a dict), ``name`` (no non-empty string name),
-    ``unknown_tool`` (name not allowed), ``arguments`` (``arguments or parameters or {}`` not a dict).
+    ``unknown_tool`` (name not allowed), ``arguments`` (``arguments or parameters or {}`` not a dict),
+    ``empty`` (the list ``[]``: valid in the official reward, where it scores format 1 with no call, so on a
+    no-call prompt it beat the right direct answer; here it is debris).
     ``items`` holds each item's ``(call, reason)`` (call None when the item fails), empty on ``json``/``type``
     of the whole body; ``calls`` the calls of a valid block (empty when any item fails)."""
 
@@ -155,6 +157,8 @@ def _parse_block(raw: str, allowed: set[str] | None) -> ToolCallBlock:
         return ToolCallBlock(raw, False, "json")
     if not isinstance(obj, (dict, list)):
         return ToolCallBlock(raw, False, "type")
+    if obj == []:  # officially a valid block with no call: it would out-score the direct answer (format 1)
+        return ToolCallBlock(raw, False, "empty")
     items = tuple(_parse_item(c, allowed) for c in (obj if isinstance(obj, list) else [obj]))
     reason = next((r for _, r in items if r), "")
     return ToolCallBlock(raw, not reason, reason, () if reason else tuple(c for c, _ in items), items)

@@ -256,6 +256,7 @@ _ERRORS = {
     "type": "a <tool_call> must hold a JSON object or a list of objects",
     "name": "a call needs a string name",
     "arguments": "a call needs an arguments object",
+    "empty": "a <tool_call> list needs at least one call",
 }
 
 
@@ -322,7 +323,7 @@ class ToolEnvironment(Environment):
             return None
         items: list[tuple[dict[str, Any] | None, str, bool]] = []  # (call, error, is debris)
         for block in parsed.blocks:
-            if not block.items:  # the body is no JSON object or list
+            if not block.items:  # the body is no JSON object or list, or the empty list
                 items.append((None, _ERRORS[block.reason], True))
             for i, (c, reason) in enumerate(block.items):
                 items.append((c, "", False) if c is not None else

@@ -46,7 +46,7 @@ F = tc(call("f", x=1))  # a valid single-call block
     ("not json", False, "json", 0),
     ('{"name": "f", ', False, "json", 0),
     ('"f"', False, "type", 0),                                             # JSON, but a string
-    ("[]", True, "", 0),                                                   # official: a valid block, no call
+    ("[]", False, "empty", 0),  # officially a valid block of no call (format 1): debris here
     ("[1, 2]", False, "type", 0),                                          # a list, not of dicts
     ('{"arguments": {}}', False, "name", 0),
     ('{"name": 3, "arguments": {}}', False, "name", 0),

@@ -342,6 +342,7 @@ def debris_forms(answer: str) -> dict[str, list[str]]:
         "unknown tool name": ['<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>', answer],
         "arguments no object": ['<tool_call>{"name": "get_weather", "arguments": "x"}</tool_call>', answer],
         "no string name": ['<tool_call>[{"name": null}]</tool_call>', answer],
+        "empty list block": ["<tool_call>[]</tool_call>", answer],
         "block then direct answer": [f"<tool_call>{{oops</tool_call> {answer}"],
         "close tag then direct answer": [f"</tool_call> {answer}"],
     }
