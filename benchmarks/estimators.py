@@ -45,7 +45,7 @@ SIZES = [(256, 512), (256, 4096), (4096, 512), (4096, 4096), (16384, 512), (1638
 GROUP_SIZE, TURNS, ALTERNATIVES, TOP_L = 8, 4, 4, 5
 LOOP_TARGET, FLOOR_TARGET, TARGET_B = 20.0, 3.0, 4096
 LEVELS = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0])  # verifier scores (fraction of tests passed)
-APPROVER = torch.tensor([1.0, 1.5, 0.5, 0.0, -0.2, -0.25, -0.3])  # DPA role rewards (methods.md §3)
+APPROVER = torch.tensor([1.0, 1.5, 0.5, 0.0, -0.2, -0.25, -0.3])  # DPA role rewards (docs/methods.md §3)
 CHUNK_ROWS = 2048
 BUDGET_S = 10.0  # timed seconds per (estimator, size) before the repeats drop (to at least 3)
 

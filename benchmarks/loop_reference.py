@@ -73,7 +73,7 @@ def _omitted(batch: RolloutBatch, score: list[float]) -> list[bool]:
     return [flags[i] or score[i] < 0 for i in range(len(score))]
 
 
-# --- GRPO family (methods.md §0, §3) --------------------------------------------------------------------
+# --- GRPO family (docs/methods.md §0, §3) ---------------------------------------------------------------
 
 
 def grpo(batch: RolloutBatch, *, norm_by_std: bool = True, eps: float = 1e-6, unbiased: bool = True) -> Tensor:
@@ -110,7 +110,7 @@ def mt_grpo(batch: RolloutBatch, *, c: float = 1.0, eps: float = 1e-6) -> Tensor
     return out
 
 
-# --- SLCA-GRPO and ToolPO (methods.md §1) ---------------------------------------------------------------
+# --- SLCA-GRPO and ToolPO (docs/methods.md §1) ----------------------------------------------------------
 
 
 def slca(batch: RolloutBatch, *, w_process: float = 1.0, w_summary: float = 1.0, eps: float = 1e-6) -> Tensor:
@@ -155,7 +155,7 @@ def toolpo(batch: RolloutBatch, *, lam: float = 1.0, eps: float = 1e-6) -> Tenso
     return out
 
 
-# --- TCPO (methods.md §2) and SLCA x TCPO ---------------------------------------------------------------
+# --- TCPO (docs/methods.md §2) and SLCA x TCPO (§4) -----------------------------------------------------
 
 
 def tcpo_turns(

@@ -95,7 +95,9 @@ class RolloutDataModule(L.LightningDataModule):
     of the same stream inside a training step (DAPO's dynamic sampling); the dataloader never serves them, so
     no prompt is drawn twice within an epoch. Engine calls go through ``engine_retry``
     (:class:`~lit_credit.backends.Retry`); a reward that raises scores 0 and non-finite reward values become
-    0, each counted (``backend/reward/{errors,nonfinite}``).
+    0, each counted (``backend/reward/{errors,nonfinite}``). An engine in sleep mode sleeps through the policy
+    update: the module calls :meth:`release` once the step's generation is done and :meth:`sync_weights` (which
+    wakes it, then pushes the weights) after the update.
     """
 
     def __init__(self, task: Task, reward: Reward, engine: RolloutEngine | None = None,
@@ -123,6 +125,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.next_group = 0
         self.position: dict[str, Any] = {"next_batch": 0, "pending": []}  # PromptStream's, shared and saved
         self._bound: Any = None
+        self._released = False  # the engine was put to sleep by release() and not woken since
         self.codec: ChatCodec | None = None
 
     def setup(self, stage: str | None = None) -> None:
@@ -155,7 +158,32 @@ class RolloutDataModule(L.LightningDataModule):
             self.engine.bind(model, tokenizer)
             self.codec, self._bound = ChatCodec(tokenizer, self.max_feedback_tokens), model
 
+    @property
+    def sleep_mode(self) -> bool:
+        """Whether the engine frees its memory between generation phases: its ``enable_sleep_mode`` (vLLM's
+        ``rollout.enable_sleep_mode``); False for an engine without one (HFEngine shares the trainer's policy)."""
+        return bool(getattr(self.engine, "enable_sleep_mode", False))
+
+    def release(self) -> None:
+        """The step's generation is done: put an engine in sleep mode to sleep (vLLM offloads its weights and
+        drops its KV cache), so the policy update has the memory. A no-op when sleep mode is off.
+
+        One training step's engine calls, in order: ``generate`` (rollouts, refills, counterfactuals, roles),
+        ``sleep`` (here), the policy update, then :meth:`sync_weights`: ``wake``, ``update_weights``; and the
+        next step's ``generate``. Only an engine this method put to sleep is woken."""
+        if self.sleep_mode and not self._released:
+            self.engine.sleep()
+            self._released = True
+
+    def _wake(self) -> None:
+        if self._released:
+            self.engine.wake()
+            self._released = False
+
     def sync_weights(self, model: torch.nn.Module) -> None:
+        """Push ``model``'s weights to the engine, waking it first if :meth:`release` put it to sleep (vLLM reloads
+        weights in place only into an awake engine; asleep it would wake, reload and sleep again)."""
+        self._wake()
         self.engine.update_weights(model)
 
     @torch.no_grad()
@@ -181,6 +209,7 @@ class RolloutDataModule(L.LightningDataModule):
         if self.codec is None:
             raise RuntimeError("RolloutDataModule.generate_experience before bind(model, tokenizer)")
         start = time.perf_counter()
+        self._wake()  # released and not synced since (no update in between): generation needs the engine awake
         groups = list(range(self.next_group, self.next_group + len(rows)))
         self.next_group += len(rows)
         episodes = run_episodes(self.engine, self.codec, self.env, rows, groups, sampling, self.max_turns,

@@ -1,4 +1,5 @@
-"""DPA-GRPO (methods.md §3): the loss by hand, LoRA roles and reference, and one scripted game end to end.
+"""DPA-GRPO (docs/methods.md §3): the loss by hand, LoRA roles and reference, and one scripted game end to
+end.
 
 The game test drives the real module, Trainer, tokenizer and LoRA policy with a scripted engine (a unit-test
 stand-in: every role's reply is fixed by the script below), so every reward, case and group is known.

@@ -1,7 +1,7 @@
 """Hypothesis fuzzing of what model output and reward data reach: the tool-call parser and the other reply
 parsers, every registered credit estimator, and the policy losses.
 
-Properties, each a promise of the docstrings / methods.md:
+Properties, each a promise of the docstrings / docs/methods.md:
 - ``parse_tool_calls`` / ``tool_process_score`` / ``HierRReward`` never raise on any text; every HierR part
   is in [0, 1] (weights sum to 1), the total in [0, 2] or the omission score -0.5.
 - every registered estimator (``lit_credit.credit.available()``, so a new one is fuzzed too), on random

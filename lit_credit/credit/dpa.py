@@ -1,4 +1,4 @@
-"""DPA-GRPO paired counterfactual advantages (methods.md §3).
+"""DPA-GRPO paired counterfactual advantages (docs/methods.md §3).
 
 At every decision both canonical actions ({SAC, NS} for the verifier, {KEEP, REVISE} for the approver)
 are scored; the pair is a group of two normalised with the population std.

@@ -1,4 +1,4 @@
-"""Group statistics shared by every estimator, and GRPO / Dr.GRPO credit (methods.md §0).
+"""Group statistics shared by every estimator, and GRPO / Dr.GRPO credit (docs/methods.md §0).
 
 ``Norm_G(x) = (x - mean_G x) / (std_G x + eps)`` over the set G of a group's rollouts, unbiased (Bessel)
 std; ``x - mean_G x`` with ``norm_by_std=False`` (Dr.GRPO). Presence guard: statistics use only the

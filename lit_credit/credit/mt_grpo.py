@@ -1,4 +1,4 @@
-"""MT-GRPO: turn reward plus outcome reward, each group-normalised (methods.md §0).
+"""MT-GRPO: turn reward plus outcome reward, each group-normalised (docs/methods.md §0).
 
 Reading of "tokens of turns before the first verifier result": the verifier first speaks after turn 0
 (the first assistant turn), so turn 0's tokens are the only ones before it. They get

@@ -1,4 +1,4 @@
-"""SLCA-GRPO: segment-level credit for the tool calls vs. the final summary (methods.md §1), and ToolPO.
+"""SLCA-GRPO: segment-level credit for the tool calls vs. the final summary (docs/methods.md §1), and ToolPO.
 
 A rollout's learnable tokens form runs separated by environment-injected (mask 0) tokens. With >= 2 runs
 the last run is the summary and every earlier run is the tool (process) segment; a single run is the
@@ -60,9 +60,9 @@ def segments(response_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 def omission_guard(
     tool_score: Tensor, summary_score: Tensor, score_total: Tensor | None, should_call_but_no_call: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Step 2 of methods.md §1: where ``should_call_but_no_call`` or ``score_total < 0``, the tool score(s)
-    become 0 and the summary score becomes ``score_total``. Returns (tool, summary, omitted flags [B] or None
-    when neither input is given).
+    """Step 2 of docs/methods.md §1: where ``should_call_but_no_call`` or ``score_total < 0``, the tool
+    score(s) become 0 and the summary score becomes ``score_total``. Returns (tool, summary, omitted flags [B]
+    or None when neither input is given).
 
     Shape:
         tool_score: [B] or [B, K] (per tool turn); summary_score, score_total, should_call_but_no_call: [B].

@@ -1,4 +1,4 @@
-"""SLCA x TCPO: SLCA-GRPO's segments, with TCPO turn credit inside the tool segment (methods.md §1 + §2).
+"""SLCA x TCPO: SLCA-GRPO's segments, with TCPO turn credit inside the tool segment (docs/methods.md §4).
 
 SLCA gives the whole tool segment one scalar, so a right first call and a wrong second call get the same
 credit; TCPO gives turn credit but knows no segments. Both are pure functions of the same records, so here

@@ -15,13 +15,13 @@ class PolicyLoss:
 
     ``loss = aggregate(l^surr + kl_coef * kl, mask, aggregation)`` where ``l^surr [B, T]`` comes from
     ``surrogate`` (:class:`ClippedSurrogate` or :class:`GSPOSurrogate`) and ``kl = kl_penalty(logp, ref_logp,
-    kl_estimator)`` per token. Presets of methods.md §0:
+    kl_estimator)`` per token. Presets of docs/methods.md §0:
 
     - GRPO:    ``ClippedSurrogate(0.2)``, ``kl_coef > 0`` (e.g. 0.001), ``kl_estimator="k3"``.
     - Dr.GRPO: ``ClippedSurrogate(0.2)``, ``aggregation="seq-mean-token-sum-norm"`` (``norm_length`` =
       max response length), advantages without std normalisation (the credit estimator's job).
     - DAPO:    ``ClippedSurrogate(0.2, 0.28)``, ``aggregation="token-mean"``, ``kl_coef=0``.
-    - GSPO:    ``GSPOSurrogate(0.2)``, ``aggregation="seq-mean-token-mean"``.
+    - GSPO:    ``GSPOSurrogate(3e-4, 4e-4)``, ``aggregation="seq-mean-token-mean"``.
 
     The KL term is differentiated through ``logp`` only (``ref_logp`` is a constant input). Masked tokens
     (``mask == 0``) enter neither the loss nor the gradient, whatever their values (even NaN / inf).

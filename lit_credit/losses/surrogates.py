@@ -186,9 +186,10 @@ class ReinforceSurrogate(Surrogate):
     r"""The plain policy-gradient term, per token: ``loss_t = -A_t * logp_t`` (no ratio, no clip).
 
     With ``aggregation="seq-mean-token-sum"`` and a row-constant ``A_i`` this is DPA-GRPO's action loss
-    ``-A_i log pi(a_i)`` with the sequence-summed log-prob ``log pi(a_i) = sum_t logp_{i,t}`` (methods.md §3);
-    :class:`PolicyLoss` adds ``beta * (log pi - log pi_ref)`` with ``kl_estimator="k1"``. ``old_logp`` is not
-    used (on-policy, one update per batch: its gradient equals the PPO surrogate's at ratio 1).
+    ``-A_i log pi(a_i)`` with the sequence-summed log-prob ``log pi(a_i) = sum_t logp_{i,t}``
+    (docs/methods.md §3); :class:`PolicyLoss` adds ``beta * (log pi - log pi_ref)`` with
+    ``kl_estimator="k1"``. ``old_logp`` is not used (on-policy, one update per batch: its gradient equals the
+    PPO surrogate's at ratio 1).
 
     Shape:
         logp, old_logp, advantages, mask: [B, T]. output: (loss [B, T], no metrics).

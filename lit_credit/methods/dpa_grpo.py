@@ -1,4 +1,5 @@
-"""DPA-GRPO (methods.md §3): a generator and a verifier, two LoRA adapters on one base, trained together."""
+"""DPA-GRPO (docs/methods.md §3): a generator and a verifier, two LoRA adapters on one base, trained
+together."""
 from __future__ import annotations
 
 import copy
@@ -395,6 +396,7 @@ class DPAGRPOModule(GRPOModule):
         game = self.play(proposals, data.sampling, self.revisions, self.explore_revise)
         logs = {**self.rollout_metrics(proposals, "train"), **self.game_metrics(game, "train"),
                 **data.backend_counts.take(), "perf/game_s": time.perf_counter() - start}
+        data.release()  # the game's generation done: an engine in sleep mode sleeps until the next push
 
         self.credit_trace = []
         parts = {"verifier": [("verifier", game.verifier, True, self.verifier_weight)],

@@ -59,11 +59,12 @@ class GRPOModule(L.LightningModule):
     """GRPO-family policy optimisation with manual optimisation.
 
     One training step: rollouts with the current weights (from the DataModule; with ``dynamic_sampling``,
-    refilled as below) -> old and reference log-probs -> ``credit(batch)`` token advantages -> ``ppo_epochs``
+    refilled as below; and ``augment_experience``) -> engine released (``rollouts.release()``: an engine in
+    sleep mode sleeps) -> old and reference log-probs -> ``credit(batch)`` token advantages -> ``ppo_epochs``
     x ``num_minibatches`` updates of ``loss`` with gradient clipping (each epoch a fresh random split of the
-    batch's rollouts) -> LR schedule -> weight sync to the engine -> logs. GRPO, Dr.GRPO, DAPO and GSPO are
-    configs of this module (credit + loss + ``dynamic_sampling``); SLCA-GRPO, TCPO and MT-GRPO swap the credit
-    estimator.
+    batch's rollouts) -> LR schedule -> weight sync to the engine (``rollouts.sync_weights``: wake, push) ->
+    logs. GRPO, Dr.GRPO, DAPO and GSPO are configs of this module (credit + loss + ``dynamic_sampling``);
+    SLCA-GRPO, TCPO and MT-GRPO swap the credit estimator.
 
     PPO ratio: the old log-probs are the policy's before the step's first update, taken once. With one update
     per step (``ppo_epochs = num_minibatches = 1``) they equal the trainer's log-probs, so the ratio is exactly
@@ -215,6 +216,7 @@ class GRPOModule(L.LightningModule):
         extra = self.augment_experience(batch)
         extra_s = time.perf_counter() - extra_start
         logs.update(extra)
+        self.rollouts.release()  # generation done: an engine in sleep mode frees its memory for the update
 
         single_update = self.ppo_epochs * self.num_minibatches == 1
         with torch.no_grad():

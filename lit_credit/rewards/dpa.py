@@ -1,4 +1,4 @@
-"""DPA-GRPO role rewards and case taxonomy (methods.md §3).
+"""DPA-GRPO role rewards and case taxonomy (docs/methods.md §3).
 
 A structured form is filled one line at a time. The generator proposes a line value x; the verifier
 answers NS (accept silently) or SAC (a structured challenge). On SAC the generator samples K revisions,

@@ -1,4 +1,4 @@
-"""The form oracle: strict and lenient correctness of one Form 1040 line (methods.md §3)."""
+"""The form oracle: strict and lenient correctness of one Form 1040 line (docs/methods.md §3)."""
 from __future__ import annotations
 
 from collections.abc import Sequence

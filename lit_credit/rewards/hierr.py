@@ -1,4 +1,4 @@
-"""HierR: SLCA-GRPO's two rewards, a tool process score and a summary score (methods.md §1).
+"""HierR: SLCA-GRPO's two rewards, a tool process score and a summary score (docs/methods.md §1).
 
 ``tool_process_score`` parses the Hermes ``<tool_call>`` blocks of a rollout and scores them against the
 gold calls; :class:`HierRReward` adds the summary judge and the omission penalty and is a ``Reward``.
@@ -170,7 +170,7 @@ def parse_tool_calls(text: str, allowed_tools: Any = None) -> ParsedCalls:
     ``<think>`` blocks are stripped (:func:`strip_think`); each ``<tool_call>BODY</tool_call>``, from an
     open tag to the first close tag after it (``<tool_call>(.*?)</tool_call>``, so a second open tag inside
     is part of BODY), is a block. A block is valid when BODY is a JSON dict or list of dicts (a list =
-    parallel calls; ``[]`` is a valid block of no call) and every call has a non-empty string ``name`` in
+    parallel calls; ``[]`` is the invalid ``empty`` block, officially valid) and every call has a non-empty string ``name`` in
     ``allowed_tools`` and ``arguments or parameters or {}`` a dict (missing, null or empty arguments read
     as ``{}``; empty ``arguments`` fall back to ``parameters``). ``allowed_tools=None`` allows any name (a
     JSON-string list is parsed). Open and close tags are counted separately.
@@ -360,7 +360,7 @@ def _weights(weights: Mapping[str, float] | None) -> dict[str, float]:
 
 def tool_process_score(text: str, gold_calls: Any, allowed_tools: Any,
                        weights: Mapping[str, float] | None = None) -> dict[str, float]:
-    """HierR's tool process score of one rollout text (methods.md §1); never raises on ``text``.
+    """HierR's tool process score of one rollout text (docs/methods.md §1); never raises on ``text``.
 
     With the blocks of :func:`parse_tool_calls`, P the calls of the valid blocks and G the gold calls
     (:func:`normalize_gold_calls`, so the flat form works too):
@@ -402,7 +402,7 @@ def step_plan(gold_steps: Sequence[Sequence[dict[str, Any]]], turn: int) -> list
 
 def tool_turn_scores(tool_turns: Sequence[str], gold_calls: Any, allowed_tools: Any,
                      weights: Mapping[str, float] | None = None) -> list[dict[str, float]]:
-    """Per-turn HierR scores of the tool turns of a rollout (SLCA x TCPO, methods.md §1-§2).
+    """Per-turn HierR scores of the tool turns of a rollout (SLCA x TCPO, docs/methods.md §4).
 
     Tool turn k (0-based) is scored alone against gold step k: ``tool_process_score(turn_k,
     step_plan(gold, k))``, so a turn beyond the gold steps is scored against the empty plan (an extra call
@@ -467,7 +467,7 @@ def _present(response: Any) -> bool:
 
 
 class HierRReward:
-    """SLCA-GRPO's reward: ``score = w_process * process + w_summary * summary`` (methods.md §1).
+    """SLCA-GRPO's reward: ``score = w_process * process + w_summary * summary`` (docs/methods.md §1).
 
     Row keys (each looked up in the row, then in ``row["reward_model"]["ground_truth"]``):
     ``gold_tool_calls`` (nested or flat form), ``allowed_tools``, ``question`` (or ``question_content``, else

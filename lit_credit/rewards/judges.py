@@ -1,4 +1,4 @@
-"""Summary judges for SLCA-GRPO's HierR summary reward (methods.md §1).
+"""Summary judges for SLCA-GRPO's HierR summary reward (docs/methods.md §1).
 
 A judge rates the final reply of a tool-using rollout 1..5 (very poor, poor, acceptable, good, excellent)
 and maps the rating ``s`` to ``score = (s - 1) / 4`` in [0, 1]. Guards, shared by every backend

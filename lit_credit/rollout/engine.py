@@ -14,7 +14,11 @@ class RolloutEngine(Protocol):
 
     ``bind`` hands the engine the trainer's policy once; ``update_weights`` is called after every
     optimiser step (the engine must then sample from the new weights); ``sleep``/``wake`` free and
-    restore engine memory between rollout phases (no-ops where meaningless).
+    restore engine memory between rollout phases (no-ops where meaningless). An engine whose
+    ``enable_sleep_mode`` attribute is true is put to sleep once a training step's generation is done
+    (``RolloutDataModule.release``) and woken before the new weights are pushed (``sync_weights``): per step
+    ``generate``, ``sleep``, the policy update, ``wake``, ``update_weights``. Without that attribute (HFEngine,
+    which samples from the trainer's own policy) ``sleep``/``wake`` are never called.
     """
 
     def bind(self, model: torch.nn.Module, tokenizer: Any) -> None: ...

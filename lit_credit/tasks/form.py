@@ -1,4 +1,5 @@
-"""Task ``form``: DPA-GRPO's structured form, Form 1040 (TY2024) filled one line at a time (methods.md §3).
+"""Task ``form``: DPA-GRPO's structured form, Form 1040 (TY2024) filled one line at a time
+(docs/methods.md §3).
 
 A row is one line decision: the case's inputs, the lines before it on the form (gold values: a fixed
 history) and the line to fill. The four roles of the DPA game read the same context with their own

@@ -1,4 +1,4 @@
-"""Task ``toolcall``: SLCA-GRPO's tool-calling setting (methods.md §1) on a synthetic tool world.
+"""Task ``toolcall``: SLCA-GRPO's tool-calling setting (docs/methods.md §1) on a synthetic tool world.
 
 Pieces: :class:`ToolSimulator` (deterministic programmatic tool backend) and :class:`LLMToolSimulator` (a
 frozen model behind the same ``respond(call, schema)``), :class:`ToolEnvironment` (answers every
@@ -440,7 +440,7 @@ def _parquet_files(path: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
 
 
 def toucan_row(record: Mapping[str, Any], fallback_id: str) -> dict[str, Any]:
-    """One row of the public SLCA RL parquet (methods.md §1) in the task's row format."""
+    """One row of the public SLCA RL parquet (docs/methods.md §1) in the task's row format."""
     record = _to_py(dict(record))
     rm = record.get("reward_model") if isinstance(record.get("reward_model"), Mapping) else {}
     gt = rm.get("ground_truth") if isinstance(rm.get("ground_truth"), Mapping) else {}
@@ -525,7 +525,7 @@ def _demonstrable(row: Mapping[str, Any]) -> bool:
 
 
 class ToolCallTask(Task):
-    """Tool calling with a gold call plan per prompt (SLCA-GRPO, methods.md §1).
+    """Tool calling with a gold call plan per prompt (SLCA-GRPO, docs/methods.md §1).
 
     Synthetic mode (default): questions from the templates of :mod:`~lit_credit.tasks.tool_catalog`, values
     from its small vocabularies; subsets ``single`` (one call), ``parallel`` (one step, two calls in one

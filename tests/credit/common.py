@@ -1,7 +1,7 @@
 """Loop reference implementations and hypothesis strategies shared by the credit tests.
 
 The references are deliberately naive (Python loops over groups, rollouts and tokens, double precision)
-so the vectorised library code is checked against a second, independent reading of methods.md.
+so the vectorised library code is checked against a second, independent reading of docs/methods.md.
 """
 
 import statistics

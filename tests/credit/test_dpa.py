@@ -1,4 +1,4 @@
-"""DPA paired counterfactual advantages (methods.md §3): population std within each pair."""
+"""DPA paired counterfactual advantages (docs/methods.md §3): population std within each pair."""
 
 import pytest
 import torch

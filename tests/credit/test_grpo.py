@@ -1,4 +1,4 @@
-"""GRPO / Dr.GRPO credit and the group statistics every estimator shares (methods.md "Notation", §0)."""
+"""GRPO / Dr.GRPO credit and the group statistics every estimator shares (docs/methods.md "Notation", §0)."""
 
 import math
 

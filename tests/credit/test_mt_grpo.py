@@ -1,4 +1,4 @@
-"""MT-GRPO: turn-0 tokens get A_out + c * A_turn, later turns A_out (methods.md §0)."""
+"""MT-GRPO: turn-0 tokens get A_out + c * A_turn, later turns A_out (docs/methods.md §0)."""
 
 import pytest
 import torch

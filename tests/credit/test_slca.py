@@ -1,4 +1,4 @@
-"""SLCA-GRPO segment credit and the ToolPO baseline (methods.md §1)."""
+"""SLCA-GRPO segment credit and the ToolPO baseline (docs/methods.md §1)."""
 
 import pytest
 import torch
@@ -76,7 +76,8 @@ def test_segment_masks_table():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("device", DEVICES)
 def test_anchor_example(dtype, device):
-    # methods.md anchor: one group of two, both with both segments; process [0.8, 0.4], summary [0.9, 0.5].
+    # docs/methods.md anchor: one group of two, both with both segments; process [0.8, 0.4],
+    # summary [0.9, 0.5].
     # A_tool = Norm([0.8, 0.4]): mean 0.6, unbiased std sqrt((0.04 + 0.04) / 1) = 0.28284271
     #   -> +-0.2 / (0.28284271 + 1e-6) = +-0.70710428 (1/sqrt(2) up to eps); A_sum: same deviations, same values.
     # tokens: prompt, tool call x2, tool response, summary, pad

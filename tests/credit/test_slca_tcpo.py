@@ -1,4 +1,5 @@
-"""SLCA x TCPO composed credit (methods.md §1 segments + §2 turn credit): hand tables and the SLCA reduction."""
+"""SLCA x TCPO composed credit (docs/methods.md §4: §1 segments + §2 turn credit): hand tables and the SLCA
+reduction."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""DPA-GRPO role rewards and case taxonomy (methods.md §3); every number hand-computed."""
+"""DPA-GRPO role rewards and case taxonomy (docs/methods.md §3); every number hand-computed."""
 
 import pytest
 import torch

@@ -1,4 +1,5 @@
-"""HierR tool process score and reward (methods.md §1, "Two rewards (HierR)"); every number hand-computed."""
+"""HierR tool process score and reward (docs/methods.md §1, "Two rewards (HierR)"); every number
+hand-computed."""
 
 import json
 

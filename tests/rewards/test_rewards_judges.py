@@ -1,4 +1,5 @@
-"""Summary judges (methods.md §1, "Summary judge"): guards, rubric rule, noise, LLM judge parsing/retries."""
+"""Summary judges (docs/methods.md §1, "Summary judge"): guards, rubric rule, noise, LLM judge
+parsing/retries."""
 
 import random
 
