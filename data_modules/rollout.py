@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from lit_credit.backends import CountsSince, Retry, count
+from lit_credit.models.chat import ChatCodec
 from lit_credit.rewards.base import Reward
-from lit_credit.rollout.chat import ChatCodec
 from lit_credit.rollout.engine import HFEngine, RolloutEngine
 from lit_credit.rollout.loop import Episode, run_episodes, to_batch
 from lit_credit.tasks.base import Task

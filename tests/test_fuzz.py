@@ -36,11 +36,12 @@ from lit_credit.losses import (
     ReinforceSurrogate,
 )
 from lit_credit.rewards.exact_match import parse_final_integer
+from lit_credit.rewards.form_line import parse_value
 from lit_credit.rewards.hierr import OPEN, HierRReward, parse_tool_calls, tool_process_score
 from lit_credit.rewards.judges import parse_rating
 from lit_credit.rewards.math_answer import extract_answer
 from lit_credit.tasks.code_revise import extract_code
-from lit_credit.tasks.form import parse_decision, parse_value
+from lit_credit.tasks.form import parse_decision
 from lit_credit.types import RolloutBatch
 
 FUZZ = settings(max_examples=100, deadline=None, derandomize=True, database=None,

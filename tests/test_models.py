@@ -12,9 +12,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from lit_credit.models import EmbeddedPolicy, PolicySource, build_tokenizer, token_logprobs
 from lit_credit.models.logprobs import length_buckets, picked_logprobs_
 from lit_credit.models.sft import encode_demonstration
-from lit_credit.models.tokenizer import TOOLS_INSTRUCTION, tool_signature
 from lit_credit.rollout import ChatCodec
 from lit_credit.tasks import ArithTask
+from lit_credit.tasks.tool_catalog import TOOLS_INSTRUCTION, tool_signature
 
 CORPUS = ["What is 37 + 45?\n82", "<tool_call>{\"name\": \"get_weather\"}</tool_call> sunny"] * 20
 
@@ -186,8 +186,8 @@ def test_logprobs_without_gradient_or_entropy_consume_the_logits_in_place_and_ag
 def test_text_generator_is_greedy_decoding_of_a_local_model_and_drives_an_llm_judge(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lit_credit.models import TextGenerator
     from lit_credit.rewards import LLMJudge
+    from lit_credit.rollout import TextGenerator
 
     tok = build_tokenizer(CORPUS, 300)
     torch.manual_seed(0)

@@ -106,26 +106,6 @@ def credit_records(trace: CreditTrace, *, step: int, method: str, excerpt_chars:
     return pd.DataFrame(frame)
 
 
-def credit_leakage(batch: RolloutBatch, advantages: torch.Tensor) -> float:
-    """Cross-segment leakage: the Pearson correlation, over the rollouts with a tool segment, between the
-    summary score (``reward_parts["summary"]``) and the rollout's mean tool-token advantage. High under GRPO
-    (one advantage for both segments), near 0 under SLCA. NaN without a summary score, with fewer than 3
-    such rollouts, or when either side is constant.
-    """
-    summary = batch.reward_parts.get("summary")
-    if summary is None:
-        return math.nan
-    tool, _ = segment_masks(batch.response_mask)
-    has_tool = tool.any(1)
-    if has_tool.sum() < 3:
-        return math.nan
-    tool_adv = (advantages * tool).sum(1)[has_tool] / tool.sum(1)[has_tool]
-    x, y = summary[has_tool].double(), tool_adv.double()
-    x, y = x - x.mean(), y - y.mean()
-    denom = (x.square().sum() * y.square().sum()).sqrt()
-    return (x * y).sum().div(denom).item() if denom > 1e-12 else math.nan
-
-
 def write_shard(frame: pd.DataFrame, directory: str | os.PathLike, name: str) -> Path:
     """Write ``frame`` as ``directory/name.parquet`` atomically (a temporary file, then a rename)."""
     return atomic_write(Path(directory) / f"{name}.parquet", lambda tmp: frame.to_parquet(tmp, index=False))

@@ -4,7 +4,14 @@ from lit_credit.credit.dpa import DPACredit, dpa_pair_advantages
 from lit_credit.credit.grpo import DrGRPOCredit, GRPOCredit, group_normalize, group_stats, grpo_advantages
 from lit_credit.credit.mt_grpo import MTGRPOCredit, mt_grpo_advantages
 from lit_credit.credit.registry import CreditEstimator, available, get, register
-from lit_credit.credit.slca import SLCACredit, ToolPOCredit, segment_masks, slca_advantages, toolpo_advantages
+from lit_credit.credit.slca import (
+    SLCACredit,
+    ToolPOCredit,
+    credit_leakage,
+    segment_masks,
+    slca_advantages,
+    toolpo_advantages,
+)
 from lit_credit.credit.slca_tcpo import SLCATCPOCredit, slca_tcpo_advantages
 from lit_credit.credit.tcpo import (
     TCPOCredit,
@@ -29,6 +36,7 @@ __all__ = [
     "ToolPOCredit",
     "available",
     "counterfactual_credit",
+    "credit_leakage",
     "dpa_pair_advantages",
     "get",
     "group_normalize",

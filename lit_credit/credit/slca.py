@@ -9,6 +9,8 @@ longer punishes correct tool calls.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -241,3 +243,23 @@ class ToolPOCredit(CreditEstimator):
             eps=self.eps,
             norm_by_std=self.norm_by_std,
         )
+
+
+def credit_leakage(batch: RolloutBatch, advantages: torch.Tensor) -> float:
+    """Cross-segment leakage: the Pearson correlation, over the rollouts with a tool segment, between the
+    summary score (``reward_parts["summary"]``) and the rollout's mean tool-token advantage. High under GRPO
+    (one advantage for both segments), near 0 under SLCA. NaN without a summary score, with fewer than 3
+    such rollouts, or when either side is constant.
+    """
+    summary = batch.reward_parts.get("summary")
+    if summary is None:
+        return math.nan
+    tool, _ = segment_masks(batch.response_mask)
+    has_tool = tool.any(1)
+    if has_tool.sum() < 3:
+        return math.nan
+    tool_adv = (advantages * tool).sum(1)[has_tool] / tool.sum(1)[has_tool]
+    x, y = summary[has_tool].double(), tool_adv.double()
+    x, y = x - x.mean(), y - y.mean()
+    denom = (x.square().sum() * y.square().sum()).sqrt()
+    return (x * y).sum().div(denom).item() if denom > 1e-12 else math.nan

@@ -30,9 +30,9 @@ from lit_credit.rewards.dpa import (
     shown_revision,
     verifier_pair_rewards,
 )
-from lit_credit.rewards.form_line import line_correct
+from lit_credit.rewards.form_line import line_correct, parse_value
 from lit_credit.rollout.loop import Episode, to_batch
-from lit_credit.tasks.form import action_text, parse_decision, parse_value, role_prompt
+from lit_credit.tasks.form import action_text, parse_decision, role_prompt
 from lit_credit.types import Completion, CreditTrace, RolloutBatch, SamplingParams
 
 

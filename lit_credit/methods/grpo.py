@@ -10,9 +10,9 @@ import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from lit_credit.analysis.records import credit_leakage
 from lit_credit.checkpoint import capture_rng, restore_rng
 from lit_credit.credit.registry import CreditEstimator
+from lit_credit.credit.slca import credit_leakage
 from lit_credit.losses import PolicyLoss, masked_mean
 from lit_credit.models.logprobs import token_logprobs
 from lit_credit.models.policy import PolicySource, is_peft

@@ -14,9 +14,9 @@ import lightning as L
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from lit_credit.models.chat import ChatCodec
 from lit_credit.models.sft import SFTModule, collate_demonstrations, encode_demonstration
 from lit_credit.models.tokenizer import build_tokenizer
-from lit_credit.rollout.chat import ChatCodec
 from lit_credit.tasks.base import Task
 
 log = logging.getLogger(__name__)

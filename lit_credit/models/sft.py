@@ -8,7 +8,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from lit_credit.rollout.chat import ChatCodec
+from lit_credit.models.chat import ChatCodec
 
 
 def encode_demonstration(codec: ChatCodec, demo: dict[str, Any]) -> tuple[list[int], list[int]]:

@@ -6,15 +6,17 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from lit_credit.tasks.tool_catalog import TOOLS_INSTRUCTION
+
 PAD, BOS_TURN, EOS_TURN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, BOS_TURN, EOS_TURN]
 # Structural tags stay in decoded text (skip_special_tokens never removes them), as in Qwen/Hermes.
 TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
 # Hermes / Qwen2.5 layout. A "tool" message is rendered as a user turn holding a <tool_response> block.
-# Tools are listed as one-line signatures (:func:`tool_signature`), not JSON schemas: a tiny policy reads
-# every prompt's tools, and the signature says the same in a third of the tokens.
-TOOLS_INSTRUCTION = 'Call tools inside <tool_call></tool_call> as JSON {"name": ..., "arguments": ...}.'
+# Tools are listed as one-line signatures (:func:`~lit_credit.tasks.tool_catalog.tool_signature`), not JSON
+# schemas: a tiny policy reads every prompt's tools, and the signature says the same in a third of the tokens.
+# The tool instruction is the tool task's text (:data:`~lit_credit.tasks.tool_catalog.TOOLS_INSTRUCTION`).
 CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n<tools>\n"
     "{% for tool in tools %}{% set fn = tool.function if tool.function is defined else tool %}"
@@ -34,15 +36,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-def tool_signature(schema: dict) -> str:
-    """One tool as :data:`CHAT_TEMPLATE` lists it: ``name(arg: type, ...) - description``."""
-    fn = schema.get("function", schema)
-    props = (fn.get("parameters") or {}).get("properties") or {}
-    args = ", ".join(f"{k}: {v.get('type')}" for k, v in props.items())
-    description = fn.get("description")
-    return f"{fn['name']}({args})" + (f" - {description}" if description else "")
 
 
 def build_tokenizer(corpus: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:

@@ -1,12 +1,41 @@
-"""The form oracle: strict and lenient correctness of one Form 1040 line (docs/methods.md §3)."""
+"""The form oracle: strict and lenient correctness of one Form 1040 line (docs/methods.md §3), and the
+parsers of a dollar amount (a reply's, a TaxCalcBench value's) that the form task and the oracle share."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
-from lit_credit.tasks.form import parse_value
-
 LENIENT_DOLLARS = 5
+
+
+def parse_dollars(value: object) -> float | None:
+    """Parse ``1234``, ``1234.0``, ``"$1,234"``, ``"1234.00"``, ``"-$5"`` -> float; ``None`` if unparsable."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    if not isinstance(value, str):
+        return None
+    s = value.strip().replace(",", "").replace(" ", "")
+    negative = s.startswith("-")
+    s = s.lstrip("-").lstrip("$")
+    try:
+        x = float(s)
+    except ValueError:
+        return None
+    if not math.isfinite(x):
+        return None
+    return -x if negative else x
+
+
+def parse_value(text: str) -> float | None:
+    """A proposed or revised amount: the reply's first line as dollars (``$1,234`` allowed), else None (also
+    for a non-string reply)."""
+    if not isinstance(text, str):
+        return None
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return parse_dollars(first)
 
 
 def line_correct(value: float | None, gold: float) -> tuple[bool, bool]:

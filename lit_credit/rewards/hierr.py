@@ -484,8 +484,7 @@ class HierRReward:
     error to tool-call debris is no fact to summarise (the official judge sees those too; a deliberate
     deviation, as it rewards debris). They come from the first found of: the ``tool_responses`` keyword (the rollout
     loop passes what the environment marked real, :class:`~lit_credit.tasks.toolcall.ToolEnvironment`),
-    ``row["_tool_responses"]``, the ``<tool_response>`` blocks inside the replies (a caller that passes a
-    whole transcript); and a rollout with no executed call (:attr:`ParsedCalls.executed`) has none
+    else the ``<tool_response>`` blocks inside the replies (a caller that passes a whole transcript); and a rollout with no executed call (:attr:`ParsedCalls.executed`) has none
     whatever the source says. ``summary
     = 0`` without a real response (``no_tool_response = 1``), with a reply under 10 characters, or on a
     judge failure (``judge_failed = 1``), as the official reward.
@@ -538,7 +537,7 @@ class HierRReward:
         parts = _process_parts(parsed, gold, self.weights)
         missing = not _allowed_set(allowed)  # official: a row without allowed tools scores 0
         omitted = not missing and bool(gold) and OPEN not in text
-        responses = self.real_responses(row, text, bool(parsed.executed), tool_responses)
+        responses = self.real_responses(text, bool(parsed.executed), tool_responses)
         summary, failed = 0.0, False
         if omitted or missing:
             parts = dict.fromkeys(parts, 0.0)
@@ -557,19 +556,14 @@ class HierRReward:
                 "tool_exact": [t["exact"] for t in turns]}
 
     @staticmethod
-    def real_responses(row: Mapping[str, Any], text: str, called: bool,
-                       tool_responses: Sequence[str] | None) -> list[str]:
+    def real_responses(text: str, called: bool, tool_responses: Sequence[str] | None) -> list[str]:
         """The tool responses the judge may see: none when the rollout made no call an environment executes
         (``called`` is False: :attr:`ParsedCalls.executed` is empty, every response it got answered debris),
-        else the first found of ``tool_responses``,
-        ``row["_tool_responses"]`` and the ``<tool_response>`` blocks of ``text``. Non-strings are JSON-encoded
-        by the judge."""
+        else ``tool_responses`` when given, else the ``<tool_response>`` blocks of ``text``. Non-strings are
+        JSON-encoded by the judge."""
         if not called:
             return []
-        for source in (tool_responses, row.get("_tool_responses")):
-            if source is not None:
-                return list(source)
-        return extract_tool_responses(text)
+        return list(tool_responses) if tool_responses is not None else extract_tool_responses(text)
 
     def turn_score(self, row: dict[str, Any], turn: int, reply: str) -> float:
         """The process score of ``reply`` as tool turn ``turn`` (0-based) of ``row``, against gold step

@@ -5,6 +5,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from lit_credit.models.logprobs import picked_logprobs_
 from lit_credit.types import Completion, SamplingParams
 
 
@@ -93,8 +94,6 @@ class HFEngine:
             )
         finally:
             model.train(was_training)
-        from lit_credit.models.logprobs import picked_logprobs_  # models imports this module
-
         new = gen.sequences[:, width:]
         logits = torch.stack(gen.logits, 1).float()  # [N, L, V], a new tensor: divided and consumed in place
         if not sampling.greedy:

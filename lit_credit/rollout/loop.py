@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from lit_credit.backends import BackendFailure, Retry, count
-from lit_credit.rollout.chat import ChatCodec
+from lit_credit.models.chat import ChatCodec
 from lit_credit.rollout.engine import RolloutEngine
 from lit_credit.tasks.base import Environment, Feedback
 from lit_credit.types import Completion, RolloutBatch, SamplingParams

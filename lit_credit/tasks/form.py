@@ -35,7 +35,6 @@ from lit_credit.tasks.form1040 import (
     generate_case,
     load_taxcalcbench,
     normalize_line_key,
-    parse_dollars,
 )
 
 ROLES = ("proposer", "verifier", "reviser", "approver")
@@ -121,15 +120,6 @@ def role_prompt(row: dict[str, Any], role: str, x: str | None = None, challenge:
     if role == "approver":
         text += f"\nrevision: {z}"
     return [{"role": "system", "content": INSTRUCTIONS[role]}, {"role": "user", "content": text}]
-
-
-def parse_value(text: str) -> float | None:
-    """A proposed or revised amount: the reply's first line as dollars (``$1,234`` allowed), else None (also
-    for a non-string reply)."""
-    if not isinstance(text, str):
-        return None
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return parse_dollars(first)
 
 
 def _json_line(text: str) -> dict | None:

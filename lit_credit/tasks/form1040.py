@@ -48,6 +48,8 @@ from datetime import date, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
+from lit_credit.rewards.form_line import parse_dollars
+
 __all__ = [
     "ADDITIONAL_STANDARD_DEDUCTION",
     "BRACKETS",
@@ -65,7 +67,6 @@ __all__ = [
     "line_accuracy",
     "load_taxcalcbench",
     "normalize_line_key",
-    "parse_dollars",
     "score_lines",
     "tax_on_income",
 ]
@@ -934,26 +935,6 @@ def normalize_line_key(key: str) -> str:
             k = k[len(prefix) :]
             break
     return k
-
-
-def parse_dollars(value: object) -> float | None:
-    """Parse ``1234``, ``1234.0``, ``"$1,234"``, ``"1234.00"``, ``"-$5"`` -> float; ``None`` if unparsable."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value) if math.isfinite(value) else None
-    if not isinstance(value, str):
-        return None
-    s = value.strip().replace(",", "").replace(" ", "")
-    negative = s.startswith("-")
-    s = s.lstrip("-").lstrip("$")
-    try:
-        x = float(s)
-    except ValueError:
-        return None
-    if not math.isfinite(x):
-        return None
-    return -x if negative else x
 
 
 def score_lines(

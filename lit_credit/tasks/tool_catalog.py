@@ -22,6 +22,20 @@ CATALOG_VERSION = 2
 SUBSETS = ("single", "parallel", "multi", "irrelevant", "chain")
 
 
+# How a prompt tells the policy to call tools; the embedded chat template ends its tool list with it.
+TOOLS_INSTRUCTION = 'Call tools inside <tool_call></tool_call> as JSON {"name": ..., "arguments": ...}.'
+
+
+def tool_signature(schema: dict) -> str:
+    """One tool as the embedded chat template lists it (:data:`~lit_credit.models.tokenizer.CHAT_TEMPLATE`):
+    ``name(arg: type, ...) - description``."""
+    fn = schema.get("function", schema)
+    props = (fn.get("parameters") or {}).get("properties") or {}
+    args = ", ".join(f"{k}: {v.get('type')}" for k, v in props.items())
+    description = fn.get("description")
+    return f"{fn['name']}({args})" + (f" - {description}" if description else "")
+
+
 def dumps(obj: Any) -> str:
     """Compact JSON (no blanks after separators), the one serialisation of calls and responses."""
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))

@@ -27,7 +27,6 @@ from typing import Any
 import datasets
 
 from lit_credit.backends import BackendFailure, Retry
-from lit_credit.models.tokenizer import TOOLS_INSTRUCTION, tool_signature
 from lit_credit.rewards.hierr import CLOSE, OPEN, ToolCallBlock, normalize_gold_calls, parse_tool_calls
 from lit_credit.tasks.base import Environment, Feedback, Task
 from lit_credit.tasks.tool_catalog import (
@@ -37,11 +36,13 @@ from lit_credit.tasks.tool_catalog import (
     SUBSETS,
     TEMPLATES,
     TEMPLATES_BY_ID,
+    TOOLS_INSTRUCTION,
     VOCAB,
     Template,
     call_hash,
     dumps,
     fact,
+    tool_signature,
 )
 
 DEFAULT_SUBSETS: dict[str, float] = {"single": 0.4, "parallel": 0.2, "multi": 0.2, "irrelevant": 0.2}

@@ -378,14 +378,13 @@ def test_reward_total_and_judge_inputs():
 def test_reward_tool_response_sources():
     judge = FixedJudge()
     reward = HierRReward(judge=judge)
-    row = {**ROW, "_tool_responses": ["from row"]}
-    reward(row, [CALL, SUMMARY], tool_responses=["from kw"])         # the keyword wins
-    reward(row, [CALL, SUMMARY])                                       # then the row key
-    reward(ROW, [CALL + "<tool_response>from text</tool_response>" + SUMMARY])  # then the transcript
-    assert [s[1] for s in judge.seen] == [["from kw"], ["from row"], ["from text"]]
+    text = CALL + "<tool_response>from text</tool_response>" + SUMMARY
+    reward(ROW, [text], tool_responses=["from kw"])                    # the keyword wins over the transcript
+    reward(ROW, [text])                                                # else the transcript
+    assert [s[1] for s in judge.seen] == [["from kw"], ["from text"]]
     assert judge.seen[-1][2] == SUMMARY
     out = reward(ROW, [CALL, SUMMARY])                                 # none: summary 0 without the backend
-    assert (out["summary"], out["score"], len(judge.seen)) == (0.0, 1.0, 3)
+    assert (out["summary"], out["score"], len(judge.seen)) == (0.0, 1.0, 2)
 
 
 def test_reward_reads_the_parquet_row():

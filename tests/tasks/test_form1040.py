@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from lit_credit.rewards.form_line import parse_dollars
 from lit_credit.tasks import FormTask
 from lit_credit.tasks.form1040 import (
     EVALUATED_LINES,
@@ -21,7 +22,6 @@ from lit_credit.tasks.form1040 import (
     line_accuracy,
     load_taxcalcbench,
     normalize_line_key,
-    parse_dollars,
     score_lines,
     tax_on_income,
 )

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lit_credit.rewards import FormLineReward
+from lit_credit.rewards.form_line import parse_value
 from lit_credit.tasks import FormTask
 from lit_credit.tasks.form import (
     INSTRUCTIONS,
@@ -16,7 +17,6 @@ from lit_credit.tasks.form import (
     gold_challenge,
     line_rows,
     parse_decision,
-    parse_value,
     render_case,
     role_prompt,
     wrong_value,

@@ -1,8 +1,8 @@
 """A frozen local model as a text function, for LLM summary judges and LLM tool simulators."""
 from __future__ import annotations
 
+from lit_credit.models.chat import ChatCodec
 from lit_credit.models.policy import PolicySource
-from lit_credit.rollout.chat import ChatCodec
 from lit_credit.rollout.engine import HFEngine, RolloutEngine
 from lit_credit.types import SamplingParams
 

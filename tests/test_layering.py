@@ -1,0 +1,119 @@
+"""The packages depend one way: every import in lit_credit/, data_modules/ and callbacks/ points down the layers.
+
+The layers, bottom to top (docs/design.md, "Layers"). A unit is a subpackage of ``lit_credit`` (``credit``), a
+top-level module of it (``types``), or one of the two sibling packages. A unit may import itself and any unit of
+a LOWER layer; never a higher one, and never another unit of its own layer. Every import counts: module level,
+inside functions, and under ``if TYPE_CHECKING:`` alike (an import that only a type checker runs still ties the
+packages together).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("lit_credit", "data_modules", "callbacks")
+
+LAYERS: list[tuple[str, ...]] = [
+    ("__init__", "types", "backends", "checkpoint", "config"),  # foundations: records, retries, checkpoint I/O
+    ("credit", "losses"),  # pure tensor math: advantage estimators, policy losses
+    ("rewards",),  # scoring of replies, and the parsers of what a reply says
+    ("tasks",),  # prompts, environments, demonstrations, the tool world and its prompt text
+    ("models",),  # the policy: loading, tokenizer, chat codec, log-probs, SFT warm start
+    ("rollout",),  # sampling: engines, the episode loop, a frozen model as a text function
+    ("analysis",),  # credit records, their loader, plots and report
+    ("data_modules", "callbacks"),  # Lightning data module (rollouts per step), callbacks
+    ("methods",),  # the LightningModules: the algorithms
+    ("train", "cli"),  # entry points
+]
+LAYER = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
+
+# (importing unit, imported unit): why this upward or sideways edge is tolerated for now. Keep it empty.
+ALLOWED: dict[tuple[str, str], str] = {}
+
+
+def unit_of_file(path: Path) -> str:
+    rel = path.relative_to(ROOT).parts
+    if rel[0] != "lit_credit":
+        return rel[0]
+    return rel[1].removesuffix(".py") if len(rel) > 1 else "__init__"
+
+
+def unit_of_module(name: str) -> str | None:
+    """The unit of an absolute module name, None for a module outside the three packages."""
+    parts = name.split(".")
+    if parts[0] in ("data_modules", "callbacks"):
+        return parts[0]
+    if parts[0] != "lit_credit":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imported_modules(tree: ast.AST, path: Path) -> list[tuple[int, str]]:
+    """``(line, absolute module name)`` of every import in ``tree``; ``from lit_credit import x`` names
+    ``lit_credit.x``, and a relative import is resolved against the file's package."""
+    package = list(path.relative_to(ROOT).with_suffix("").parts)
+    if package[-1] != "__init__":
+        package = package[:-1]
+    else:
+        package = package[:-1] or package
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package[: len(package) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            if base in PACKAGES:
+                found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+            else:
+                found.append((node.lineno, base))
+    return found
+
+
+def edges_against_layers() -> list[tuple[str, str, str]]:
+    """``(importing unit, imported unit, message)`` for every import that does not point down."""
+    bad = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel, source = path.relative_to(ROOT), unit_of_file(path)
+            if source not in LAYER:
+                bad.append((source, "", f"{rel}: unit {source!r} is in no layer; add it to LAYERS"))
+                continue
+            for line, module in imported_modules(ast.parse(path.read_text(), str(path)), path):
+                target = unit_of_module(module)
+                if target is None or target == source:
+                    continue
+                if target not in LAYER:
+                    bad.append((source, target, f"{rel}:{line}: imports {module} (unit {target!r} is in no "
+                                                "layer; add it to LAYERS)"))
+                elif LAYER[target] >= LAYER[source]:
+                    where = "a higher" if LAYER[target] > LAYER[source] else "the same"
+                    bad.append((source, target, f"{rel}:{line}: {source} (layer {LAYER[source]}) imports "
+                                                f"{module} ({target}: {where} layer, {LAYER[target]})"))
+    return bad
+
+
+def test_every_import_points_down_the_layers():
+    bad = [message for source, target, message in edges_against_layers() if (source, target) not in ALLOWED]
+    assert not bad, "imports against the layering (docs/design.md, Layers):\n" + "\n".join(bad)
+
+
+def test_allow_list_names_only_edges_that_exist():
+    """An allowed edge that the code no longer has must leave the list, so the list only shrinks."""
+    present = {(source, target) for source, target, _ in edges_against_layers()}
+    stale = sorted(set(ALLOWED) - present)
+    assert not stale, f"ALLOWED edges no longer in the code, remove them: {stale}"
+
+
+def test_checker_sees_function_level_and_type_checking_imports(tmp_path):
+    """The walk finds imports inside functions and under TYPE_CHECKING, and resolves relative ones."""
+    code = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from lit_credit.methods import GRPOModule\n"
+            "def f():\n    from lit_credit import rollout\n    from .engine import HFEngine\n")
+    fake = ROOT / "lit_credit" / "rollout" / "x.py"
+    found = imported_modules(ast.parse(code), fake)
+    assert (3, "lit_credit.methods") in found and (5, "lit_credit.rollout") in found
+    assert (6, "lit_credit.rollout.engine") in found
+    assert [unit_of_module(m) for _, m in found[1:]] == ["methods", "rollout", "rollout"]
