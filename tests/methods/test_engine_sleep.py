@@ -11,7 +11,7 @@ import torch
 
 from lit_credit.rollout import HFEngine
 from lit_credit.train import build
-from tests.test_dpa_module import NO_EXPLORE, SMALL, ScriptedEngine
+from tests.methods.test_dpa_module import NO_EXPLORE, SMALL, ScriptedEngine
 
 GRPO_RUN = ["trainer.max_steps=2", "method.optimizer.lr=1e-2", "data.prompts_per_step=8", "data.sampling.n=4",
             "data.sampling.max_new_tokens=8", "logger=csv", "callbacks=none", "validate_first=false",
