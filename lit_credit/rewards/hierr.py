@@ -82,8 +82,9 @@ class ToolCallBlock:
     ``unknown_tool`` (name not allowed), ``arguments`` (``arguments or parameters or {}`` not a dict),
     ``empty`` (the list ``[]``: valid in the official reward, where it scores format 1 with no call, so on a
     no-call prompt it beat the right direct answer; here it is debris).
-    ``items`` holds each item's ``(call, reason)`` (call None when the item fails), empty on ``json``/``type``
-    of the whole body; ``calls`` the calls of a valid block (empty when any item fails)."""
+    ``items`` holds each item's ``(call, reason)`` (call None when the item fails), empty on
+    ``json``/``type``/``empty`` of the whole body; ``calls`` the calls of a valid block (empty when any item
+    fails)."""
 
     raw: str
     valid: bool
