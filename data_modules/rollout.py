@@ -198,12 +198,11 @@ class RolloutDataModule(L.LightningDataModule):
         return self._experience(rows, sampling or self.sampling)
 
     @torch.no_grad()
-    def refill_experience(self, batch: RolloutBatch) -> RolloutBatch:
-        """``batch`` with the rollouts of the stream's next fresh prompt batch appended (train sampling, new group
-        ids, right-padded by :func:`cat_batches`, on ``batch``'s device): DAPO's dynamic-sampling refill. The
-        dataloader never serves that prompt batch; ``last_generation_s`` is the new draw's wall time."""
-        fresh = self._experience(self.stream.draw(), self.sampling)
-        return cat_batches([batch, fresh.to(batch.input_ids.device)], self.codec.pad_id)
+    def refill_experience(self) -> RolloutBatch:
+        """The rollouts of the stream's next fresh prompt batch (train sampling, new group ids, on CPU): DAPO's
+        dynamic-sampling refill; the step stacks its draws with :func:`cat_batches`. The dataloader never
+        serves that prompt batch; ``last_generation_s`` is the new draw's wall time."""
+        return self._experience(self.stream.draw(), self.sampling)
 
     def _experience(self, rows: list[dict[str, Any]], sampling: SamplingParams) -> RolloutBatch:
         if self.codec is None:

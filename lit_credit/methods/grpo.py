@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
+from data_modules.rollout import cat_batches
 from lit_credit.checkpoint import capture_rng, restore_rng
 from lit_credit.credit.registry import CreditEstimator
 from lit_credit.credit.slca import credit_leakage
@@ -46,7 +47,7 @@ def nonzero_variance_groups(batch: RolloutBatch) -> torch.Tensor:
     return (high > low)[rank]
 
 
-def informative_groups(batch: RolloutBatch, keep: torch.Tensor, limit: int) -> tuple[torch.Tensor, int]:
+def first_informative_groups(batch: RolloutBatch, keep: torch.Tensor, limit: int) -> tuple[torch.Tensor, int]:
     """The first ``limit`` groups in draw order (by group id) among the groups ``keep`` ([B] bool, constant
     within a group) marks: ([B] bool, how many groups that is, at most ``limit``)."""
     rank = group_rank(batch.group_ids)
@@ -189,14 +190,20 @@ class GRPOModule(L.LightningModule):
         """DAPO's dynamic sampling with refills (see the class docstring) from the step's first draw ``batch``:
         (every rollout drawn, the rollouts to train on, whether they hold an informative group, the draws'
         generation seconds, metrics)."""
-        first, draws, generation_s = batch, 1, self.rollouts.last_generation_s
-        keep, found = informative_groups(batch, nonzero_variance_groups(batch), prompts)
-        while found < prompts and draws < self.max_sampling_draws:
-            batch = self.rollouts.refill_experience(batch)
-            draws, generation_s = draws + 1, generation_s + self.rollouts.last_generation_s
-            keep, found = informative_groups(batch, nonzero_variance_groups(batch), prompts)
+        first, draws, generation_s = batch, [batch], self.rollouts.last_generation_s
+        spread = nonzero_variance_groups(batch)  # per group, so per draw: the draws never share a group
+        found = len(torch.unique(batch.group_ids[spread]))
+        while found < prompts and len(draws) < self.max_sampling_draws:
+            fresh = self.rollouts.refill_experience().to(batch.input_ids.device)
+            draws.append(fresh)
+            generation_s += self.rollouts.last_generation_s
+            fresh_spread = nonzero_variance_groups(fresh)
+            spread = torch.cat([spread, fresh_spread])
+            found += len(torch.unique(fresh.group_ids[fresh_spread]))
+        batch = cat_batches(draws, self.rollouts.codec.pad_id)  # once, however many draws
+        keep, found = first_informative_groups(batch, spread, prompts)
         groups = len(torch.unique(batch.group_ids))
-        metrics = {"train/sampling_draws": float(draws), "train/informative_groups": float(found),
+        metrics = {"train/sampling_draws": float(len(draws)), "train/informative_groups": float(found),
                    "train/kept_frac": found / groups}
         return batch, batch.select(keep) if found else first, found > 0, generation_s, metrics
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from data_modules.rollout import PromptStream, cat_batches
-from lit_credit.methods.grpo import informative_groups, nonzero_variance_groups
+from lit_credit.methods.grpo import first_informative_groups, nonzero_variance_groups
 from lit_credit.train import build
 from tests.credit.common import make_batch
 
@@ -125,10 +125,10 @@ def test_informative_groups_keeps_the_first_in_draw_order():
                        torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0]))
     keep = nonzero_variance_groups(batch)
     assert keep.tolist() == [True, True, False, False, True, True, True, True]
-    chosen, found = informative_groups(batch, keep, 2)
+    chosen, found = first_informative_groups(batch, keep, 2)
     assert found == 2 and chosen.tolist() == [True, True, False, False, False, False, True, True]
-    assert informative_groups(batch, keep, 5)[1] == 3
-    assert informative_groups(batch, torch.zeros(8, dtype=torch.bool), 2)[1] == 0
+    assert first_informative_groups(batch, keep, 5)[1] == 3
+    assert first_informative_groups(batch, torch.zeros(8, dtype=torch.bool), 2)[1] == 0
 
 
 def test_cat_batches_right_pads_rows_and_turns():
