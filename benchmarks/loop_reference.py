@@ -91,6 +91,17 @@ def dr_grpo(batch: RolloutBatch) -> Tensor:
     return grpo(batch, norm_by_std=False)
 
 
+def rloo(batch: RolloutBatch) -> Tensor:
+    """RLOO: ``A_i = R_i - mean_{j in g(i), j != i} R_j`` (0 for a group of one)."""
+    scores, gids = batch.scores.tolist(), batch.group_ids.tolist()
+    out = _empty(batch)
+    for i, g in enumerate(gids):
+        others = [scores[j] for j, h in enumerate(gids) if h == g and j != i]
+        adv = scores[i] - sum(others) / len(others) if others else 0.0
+        out[i] = torch.where(batch.response_mask[i] > 0, adv, 0.0)
+    return out
+
+
 def dpa(batch: RolloutBatch, *, eps: float = 1e-8) -> Tensor:
     """DPA pair credit: ``A = (r - mean) / (std_pop + eps)`` within each pair of canonical actions."""
     return grpo(batch, eps=eps, unbiased=False)
@@ -233,8 +244,7 @@ def tcpo_turns(
 
 
 def _tcpo_kwargs(batch: RolloutBatch, settings: dict) -> dict:
-    return {**settings, "alt_scores": batch.reward_parts.get("alt_scores"),
-            "cf_mask": batch.reward_parts.get("cf_mask")}
+    return {**settings, "alt_scores": batch.extras.get("alt_scores"), "cf_mask": batch.extras.get("cf_mask")}
 
 
 def tcpo(batch: RolloutBatch, **settings) -> Tensor:
@@ -260,7 +270,8 @@ def slca_tcpo(
     tool scores of an omitted rollout are 0)."""
     parts, gids = batch.reward_parts, batch.group_ids.tolist()
     score, summary = parts.get("score", batch.scores).tolist(), parts["summary"].tolist()
-    tool_scores, tool_turns = parts["tool_scores"].tolist(), parts["tool_turn_mask"].bool().tolist()
+    turns = batch.turn_parts
+    tool_scores, tool_turns = turns["tool_scores"].tolist(), turns["tool_turn_mask"].bool().tolist()
     omitted = _omitted(batch, score)
     segments, s_sum = [], []
     for i in range(len(gids)):
@@ -282,6 +293,7 @@ def slca_tcpo(
 REFERENCES = {
     "grpo": grpo,
     "dr_grpo": dr_grpo,
+    "rloo": rloo,
     "dpa": dpa,
     "mt_grpo": mt_grpo,
     "slca": slca,

@@ -36,7 +36,9 @@ def child(engine_name: str, args: argparse.Namespace) -> dict:
 
     torch.manual_seed(0)
     task = ArithTask(max_operand=9, ops="+-", num_test=40)  # conf/experiment/grpo_arith.yaml
-    model, tok = PolicySource(embedded=EmbeddedPolicy(task, cache_dir=str(CACHE))).load()
+    source = PolicySource(embedded=EmbeddedPolicy(task, cache_dir=str(CACHE)))
+    source.prepare()  # the SFT warm start on first use (cached)
+    model, tok = source.load()
     codec = ChatCodec(tok)
     prompts = [codec.prompt_ids(r["prompt"]) for r in task.dataset("train").select(range(args.prompts))]
     if args.workload == "long":

@@ -24,31 +24,35 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 RUN_MARKERS = ("checkpoints", "tensorboard", "records", "csv", ".hydra")
 
 
-def _private_generators(module: Any, datamodule: Any) -> dict[str, random.Random | torch.Generator]:
+def _private_generators(sources: dict[str, Any], datamodule: Any) -> dict[str, random.Random | torch.Generator]:
+    """Every ``random.Random`` / ``torch.Generator`` attribute of ``sources`` (name -> object: the module and
+    the parts it owns, its ``random_sources()``), of the DataModule, its reward and its judge, by
+    ``<owner>.<attribute>``."""
     reward = getattr(datamodule, "reward", None)
-    owners = {"module": module, "data": datamodule, "reward": reward, "judge": getattr(reward, "judge", None)}
+    owners = {**sources, "data": datamodule, "reward": reward, "judge": getattr(reward, "judge", None)}
     return {f"{owner}.{name}": value for owner, obj in owners.items() if obj is not None
             for name, value in vars(obj).items() if isinstance(value, (random.Random, torch.Generator))}
 
 
-def capture_rng(module: Any, datamodule: Any) -> dict[str, Any]:
-    """Every random state a training step may draw from (see the module docstring)."""
+def capture_rng(sources: dict[str, Any], datamodule: Any) -> dict[str, Any]:
+    """Every random state a training step may draw from (see the module docstring); ``sources``: the module's
+    ``random_sources()``."""
     return {
         "torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         "private": {k: g.getstate() if isinstance(g, random.Random) else g.get_state()
-                    for k, g in _private_generators(module, datamodule).items()},
+                    for k, g in _private_generators(sources, datamodule).items()},
     }
 
 
-def restore_rng(state: dict[str, Any], module: Any, datamodule: Any) -> None:
+def restore_rng(state: dict[str, Any], sources: dict[str, Any], datamodule: Any) -> None:
     """Put back what :func:`capture_rng` returned."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-    for key, generator in _private_generators(module, datamodule).items():
+    for key, generator in _private_generators(sources, datamodule).items():
         if key in state["private"]:
             saved = state["private"][key]
             generator.setstate(saved) if isinstance(generator, random.Random) else generator.set_state(saved)

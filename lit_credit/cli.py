@@ -4,17 +4,31 @@ Builds the same objects as the Hydra entry (``class_path`` where Hydra says ``_t
 """
 from __future__ import annotations
 
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from data_modules import RolloutDataModule
 from lit_credit.checkpoint import atomic_checkpoints, claim_run_dir
 from lit_credit.methods import GRPOModule
+from lit_credit.models import PolicySource
+
+
+def prepared_source(class_type: type[PolicySource], *args, **kwargs) -> PolicySource:
+    """jsonargparse instantiator: builds a :class:`PolicySource` and prepares it (the embedded policy's SFT warm
+    start on a cold cache). jsonargparse builds ``model.init_args.policy`` before the module it is passed to,
+    so the module's constructor only loads."""
+    source = class_type(*args, **kwargs)
+    source.prepare()
+    return source
 
 
 class CreditCLI(LightningCLI):
     """LightningCLI with lit-credit's guarantees: a run directory holding a run is not reused unless
-    resuming (``--ckpt_path``), checkpoints are written atomically, and our own checkpoints load in full
-    (``weights_only`` defaults to false: they pickle hyperparameters and RNG states)."""
+    resuming (``--ckpt_path``), checkpoints are written atomically, our own checkpoints load in full
+    (``weights_only`` defaults to false: they pickle hyperparameters and RNG states), and the policy source is
+    prepared as it is built, before the module (:func:`prepared_source`)."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_instantiator(prepared_source, PolicySource)
 
     def _parse_ckpt_path(self) -> None:
         """No-op: the run's config comes from ``--config``; Lightning's version would re-read the checkpoint's

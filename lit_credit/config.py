@@ -1,6 +1,6 @@
 """Checks of a composed run config that no single constructor can make: one-line errors naming key and fix.
 
-Unknown group options (``method=``, ``credit=``, ``task=``, ``rollout=``, ...) are Hydra's to refuse; it lists
+Unknown group options (``method=``, ``credit=``, ``loss=``, ``augment=``, ``metrics=``, ``task=``, ``rollout=``, ...) are Hydra's to refuse; it lists
 the valid ones. What is checked here: the group size, the split of a step's rollouts into minibatches, the
 dynamic-sampling draw cap, sampling limits, and limits that cannot hold together (a completion longer than the
 engine's context, validation without validation prompts).
@@ -63,8 +63,9 @@ def check_config(cfg: DictConfig) -> None:
     _require(not validates or data.val_prompts >= 1, "data.val_prompts", data.val_prompts,
              "validation is on but has no prompts", "set data.val_prompts=1 or more, or validate_first=false "
              "and trainer.limit_val_batches=0")
-    clip_low = method.get("loss", {}).get("surrogate", {}).get("clip_low")
-    _require(clip_low is None or 0 < clip_low < 1, "method.loss.surrogate.clip_low", clip_low,
+    loss = cfg.get("loss") or {}
+    clip_low = loss.get("surrogate", {}).get("clip_low")
+    _require(clip_low is None or 0 < clip_low < 1, "loss.surrogate.clip_low", clip_low,
              "the PPO ratio clip must be in (0, 1)", "set 0.2 (GRPO's default)")
-    kl = method.get("loss", {}).get("kl_coef", 0.0)
-    _require(kl >= 0, "method.loss.kl_coef", kl, "a KL penalty cannot be negative", "set 0 (no KL) or more")
+    kl = loss.get("kl_coef", 0.0)
+    _require(kl >= 0, "loss.kl_coef", kl, "a KL penalty cannot be negative", "set 0 (no KL) or more")

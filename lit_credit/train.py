@@ -19,11 +19,17 @@ log = logging.getLogger(__name__)
 
 def build(cfg: DictConfig) -> tuple[L.LightningModule, L.LightningDataModule, L.Trainer]:
     """Check ``cfg`` (:func:`~lit_credit.config.check_config`), then instantiate the module, the DataModule and
-    the Trainer (with its logger and callbacks; checkpoints written atomically)."""
+    the Trainer (with its logger and callbacks; checkpoints written atomically).
+
+    The policy source (``cfg.model``) is built and prepared (:meth:`~lit_credit.models.PolicySource.prepare`:
+    the embedded policy's SFT warm start on a cold cache) before the module, which receives that same source
+    object in place of ``method.policy`` (``${model}``) and only loads from it."""
     check_config(cfg)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
-    module = instantiate(cfg.method)
+    source = instantiate(cfg.model)
+    source.prepare()
+    module = instantiate(cfg.method, policy=source)
     # Entries without a _target_ are settings left by an overlay for a callback that is switched off.
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
     logger = instantiate(cfg.logger) if cfg.get("logger") else False

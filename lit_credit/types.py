@@ -61,6 +61,39 @@ class Completion:
 
 
 @dataclass
+class RewardResult:
+    """What a reward returns for one episode (:class:`~lit_credit.interfaces.Reward`).
+
+    score: the total reward (``RolloutBatch.scores``).
+    parts: named floats of this episode: the reward's components and diagnostics (``RolloutBatch.reward_parts``,
+        logged as ``<stage>/reward/<name>``).
+    turns: named per-turn lists, one float per turn (``RolloutBatch.turn_parts``, right-padded to [B, K]).
+    extras: anything else the reward wants to keep about the episode (not a tensor: the episode's metadata,
+        ``RolloutBatch.metadata[i]["reward_extras"]``), e.g. a judge's raw reply.
+    """
+
+    score: float
+    parts: dict[str, float] = field(default_factory=dict)
+    turns: dict[str, list[float]] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Feedback:
+    """The environment's answer to one assistant turn (:class:`~lit_credit.interfaces.Environment`).
+
+    done: the episode ends here. messages: chat messages to inject (tool responses, verifier feedback);
+    they are tokenised with response mask 0. score: a per-turn verifier score in [0, 1], if any.
+    info: anything else (``tool_responses``: the tool outputs the policy saw, for the reward).
+    """
+
+    done: bool
+    messages: list[dict[str, str]] = field(default_factory=list)
+    score: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class RolloutBatch:
     """A batch of finished rollouts, prompt and response concatenated and right-padded.
 
@@ -73,8 +106,15 @@ class RolloutBatch:
     behaviour_logprobs: [B, T] float, engine log-probs of the sampled tokens (0 off the response mask);
         position t holds log p(input_ids[t] | input_ids[:t]).
     scores: [B] float, the total reward of each rollout.
-    reward_parts: name -> [B] float components of the reward; inputs a module adds for its estimator may
-        have more dims (TCPO's counterfactuals: ``alt_scores`` [B, K, M], ``cf_mask`` [B, K]).
+    reward_parts: name -> [B] float: the reward's named parts of each rollout (:attr:`RewardResult.parts`).
+    turn_parts: name -> [B, K] float: the reward's per-turn lists (:attr:`RewardResult.turns`), right-padded
+        with 0 (e.g. HierR's ``tool_scores``, ``tool_turn_mask``).
+    extras: name -> [B, ...] tensors that are not rewards, added after scoring for a credit estimator or a
+        loss (an augmenter's TCPO counterfactuals ``alt_scores`` [B, K, M] and ``cf_mask`` [B, K]; a DPA role
+        batch's ``weight`` and ``adv_bonus`` [B]).
+    reward_weights: the reward's weight of each named part in ``scores`` (:attr:`Reward.part_weights
+        <lit_credit.interfaces.Reward>`, e.g. HierR's ``{"process": w_process, "summary": w_summary}``), plain
+        floats shared by every rollout; {} when the reward has none.
     turn_scores: [B, K] float per-turn verifier scores (0 where ``turn_mask`` is 0), or None.
     turn_mask: [B, K] bool, True where rollout i reached turn k, or None.
     metadata: one dict per rollout (``id``, ``replies``, ``finish``, the task ``row``); never used for grouping.
@@ -91,6 +131,9 @@ class RolloutBatch:
     behaviour_logprobs: Tensor
     scores: Tensor
     reward_parts: dict[str, Tensor] = field(default_factory=dict)
+    turn_parts: dict[str, Tensor] = field(default_factory=dict)
+    extras: dict[str, Tensor] = field(default_factory=dict)
+    reward_weights: dict[str, float] = field(default_factory=dict)
     turn_scores: Tensor | None = None
     turn_mask: Tensor | None = None
     metadata: list[dict[str, Any]] = field(default_factory=list)
@@ -106,7 +149,7 @@ class RolloutBatch:
             if isinstance(v, Tensor):
                 out[f.name] = fn(v)
             elif isinstance(v, dict):
-                out[f.name] = {k: fn(t) for k, t in v.items()}
+                out[f.name] = {k: fn(t) if isinstance(t, Tensor) else t for k, t in v.items()}
             else:
                 out[f.name] = v
         return replace(self, **out)
@@ -159,3 +202,54 @@ class CreditTrace:
     batch: RolloutBatch
     advantages: Tensor
     cases: Tensor | None = None
+
+
+def cat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """Rollout batches stacked into one, in order (a training step's draws under dynamic sampling).
+
+    Every tensor field is right-padded to the largest size of each dimension after the first: ``[B, T]``
+    fields to the longest row (``input_ids`` with ``pad_id``, ``turn_ids`` with -1, masks and log-probs with 0),
+    ``[B, K]`` per-turn fields to the most turns (0 / False). A reward part, turn part, extra or ``turn_scores``
+    that a batch lacks is 0 there. Lists (``metadata``) are concatenated; any other field (``temperature``) must agree.
+    """
+    if len(batches) == 1:
+        return batches[0]
+    fills = {"input_ids": pad_id, "turn_ids": -1}
+
+    def stack(values: list[torch.Tensor | None], fill: float) -> torch.Tensor | None:
+        like = next((v for v in values if v is not None), None)
+        if like is None:
+            return None
+        values = [v if v is not None else like.new_full((len(b), *([1] * (like.dim() - 1))), fill)
+                  for v, b in zip(values, batches, strict=True)]
+        shape = [max(v.shape[d] for v in values) for d in range(1, like.dim())]
+        out = like.new_full((sum(len(v) for v in values), *shape), fill)
+        start = 0
+        for v in values:  # a handful of draws: one slice copy each
+            out[(slice(start, start + len(v)), *(slice(0, size) for size in v.shape[1:]))] = v
+            start += len(v)
+        return out
+
+    out: dict[str, Any] = {}
+    for f in fields(RolloutBatch):
+        values = [getattr(b, f.name) for b in batches]
+        if f.name == "turn_scores" and any(v is not None for v in values):  # none: 0 on each turn it reached
+            values = [v if v is not None or b.turn_mask is None else torch.zeros(b.turn_mask.shape,
+                                                                                 device=b.scores.device)
+                      for v, b in zip(values, batches, strict=True)]
+        if f.name == "reward_weights":
+            if any(v != values[0] for v in values):
+                raise ValueError(f"cat_batches: the batches' reward_weights differ: {values}")
+            out[f.name] = values[0]
+        elif isinstance(values[0], dict):
+            keys = dict.fromkeys(k for v in values for k in v)
+            out[f.name] = {k: stack([v.get(k) for v in values], 0) for k in keys}
+        elif isinstance(values[0], list):
+            out[f.name] = [x for v in values for x in v]
+        elif isinstance(values[0], torch.Tensor) or values[0] is None:
+            out[f.name] = stack(values, fills.get(f.name, 0))
+        elif any(v != values[0] for v in values):
+            raise ValueError(f"cat_batches: the batches' {f.name} differ: {values}")
+        else:
+            out[f.name] = values[0]
+    return RolloutBatch(**out)

@@ -12,6 +12,7 @@ from lit_credit.backends import COUNTS, BackendFailure, CountsSince, Retry
 from lit_credit.config import ConfigError, check_config
 from lit_credit.rollout import HFEngine
 from lit_credit.train import build
+from lit_credit.types import RewardResult
 
 
 class Flaky:
@@ -99,7 +100,7 @@ def test_engine_down_for_a_whole_step_scores_failures_and_training_goes_on(make_
     module, datamodule, trainer = build(make_cfg("trainer.max_steps=2", "validate_first=false",
                                                  "trainer.val_check_interval=null", "callbacks=none", "logger=csv",
                                                  "data.prompts_per_step=4", "data.sampling.n=4"))
-    datamodule.engine = DownEngine(down=3)  # step 1: attempt 0 and both retries fail; step 2 works
+    datamodule.experience.engine = DownEngine(down=3)  # step 1: attempt 0 and both retries fail; step 2 works
     seen = []
     generate = datamodule.generate_experience
     datamodule.generate_experience = lambda *a, **k: seen.append(generate(*a, **k)) or seen[-1]
@@ -124,8 +125,8 @@ def test_a_raising_reward_or_environment_and_nonfinite_rewards_are_zeroed_and_co
     datamodule.setup()
     datamodule.bind(module.policy, module.tokenizer)
     rows = [datamodule.train_set[i] for i in range(2)]
-    calls = iter([ValueError("bug"), {"score": float("nan"), "correct": 1.0}, {"score": 1.0, "correct": math.inf},
-                  {"score": 0.5, "correct": 0.0}])
+    calls = iter([ValueError("bug"), RewardResult(float("nan"), {"correct": 1.0}),
+                  RewardResult(1.0, {"correct": math.inf}), RewardResult(0.5, {"correct": 0.0})])
 
     def reward(row, replies, **kw):
         out = next(calls)
@@ -133,7 +134,7 @@ def test_a_raising_reward_or_environment_and_nonfinite_rewards_are_zeroed_and_co
             raise out
         return out
 
-    datamodule.reward = reward
+    datamodule.experience.reward = reward
     counts = CountsSince()
     batch = datamodule.generate_experience(rows)
     # rollout 0: the reward raised -> score 0, part missing -> 0; 1: NaN score -> 0; 2: inf part -> 0
@@ -145,7 +146,8 @@ def test_a_raising_reward_or_environment_and_nonfinite_rewards_are_zeroed_and_co
         def step(self, row, turn, text):
             raise KeyError("env bug")
 
-    datamodule.env, datamodule.reward = Broken(), lambda row, replies, **kw: {"score": 1.0}
+    datamodule.experience.env = Broken()
+    datamodule.experience.reward = lambda row, replies, **kw: RewardResult(1.0)
     batch = datamodule.generate_experience(rows)
     assert batch.scores.tolist() == [1.0] * 4 and torch.isfinite(batch.behaviour_logprobs).all()
     assert changed(counts) == {"backend/environment/errors": 4.0}
@@ -171,9 +173,9 @@ def test_a_raising_reward_or_environment_and_nonfinite_rewards_are_zeroed_and_co
     (["trainer.max_steps=-1"], "trainer.max_steps=-1: lit-credit counts training steps (GRPO family: one per "
                                 "rollout batch"),
     (["data.val_prompts=0"], "data.val_prompts=0: validation is on but has no prompts"),
-    (["method.loss.surrogate.clip_low=1.5"], "method.loss.surrogate.clip_low=1.5: the PPO ratio clip must be in "
-                                             "(0, 1); fix: set 0.2"),
-    (["method.loss.kl_coef=-0.1"], "method.loss.kl_coef=-0.1: a KL penalty cannot be negative"),
+    (["loss.surrogate.clip_low=1.5"], "loss.surrogate.clip_low=1.5: the PPO ratio clip must be in (0, 1); fix: set "
+                                      "0.2"),
+    (["loss.kl_coef=-0.1"], "loss.kl_coef=-0.1: a KL penalty cannot be negative"),
 ])
 def test_impossible_settings_fail_in_one_line_naming_the_key_and_the_fix(overrides, message, make_cfg):
     with pytest.raises(ConfigError) as err:
@@ -186,7 +188,8 @@ def test_the_shipped_experiments_pass_the_checks(make_cfg):
         check_config(make_cfg(f"experiment={experiment}", fast_model=False, fast_task=False))
 
 
-@pytest.mark.parametrize(("group", "valid"), [("method", "dr_grpo"), ("credit", "slca_tcpo"), ("task", "toolcall"),
+@pytest.mark.parametrize(("group", "valid"), [("method", "dpa_grpo"), ("loss", "dr_grpo"), ("credit", "slca_tcpo"),
+                                             ("augment", "counterfactual_tool"), ("task", "toolcall"),
                                              ("rollout", "vllm")])
 def test_unknown_names_list_the_valid_ones(group, valid, make_cfg):
     from hydra.errors import MissingConfigException

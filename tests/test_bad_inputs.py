@@ -39,7 +39,7 @@ from lit_credit.rewards.judges import LLMJudge, RubricJudge, SummaryJudge, parse
 from lit_credit.rewards.math_answer import extract_answer, math_score
 from lit_credit.tasks.code_revise import extract_code
 from lit_credit.tasks.form import parse_decision
-from lit_credit.types import RolloutBatch
+from lit_credit.types import RewardResult, RolloutBatch
 
 CORPUS_DIR = Path(__file__).parent / "data" / "bad_inputs"
 KINDS = {
@@ -120,9 +120,14 @@ def make_judge(inp) -> SummaryJudge:
     return RubricJudge()
 
 
+def reward_result(result: RewardResult) -> dict[str, Any]:
+    """A RewardResult as the corpus writes it: ``{"score", "parts", "turns"}`` (per-turn lists apart)."""
+    return {"score": result.score, "parts": result.parts, "turns": result.turns}
+
+
 def run_hierr_reward(inp):
     reward = HierRReward(judge=make_judge(inp))
-    return reward(inp["row"], inp["replies"], tool_responses=inp.get("tool_responses"))
+    return reward_result(reward(inp["row"], inp["replies"], tool_responses=inp.get("tool_responses")))
 
 
 def run_tool_turn_scores(inp):
@@ -158,7 +163,8 @@ def run_llm_judge(inp):
 
 
 def build_batch(spec: dict[str, Any]) -> RolloutBatch:
-    """A RolloutBatch from lists; ``turn_ids`` defaults to each learnable run's index (-1 off the mask)."""
+    """A RolloutBatch from lists; ``turn_ids`` defaults to each learnable run's index (-1 off the mask).
+    ``reward_parts`` ([B]), ``turn_parts`` ([B, K]) and ``extras`` become the batch's dicts of the same names."""
     rows = spec["response_mask"]
     mask = torch.tensor(rows, dtype=torch.float32) if rows else torch.zeros(0, spec["T"])
     if "turn_ids" in spec:
@@ -177,8 +183,9 @@ def build_batch(spec: dict[str, Any]) -> RolloutBatch:
     if "turn_scores" in spec:
         fields["turn_scores"] = tensor(spec["turn_scores"], k=k)
         fields["turn_mask"] = tensor(spec["turn_mask"], torch.bool, k=k)
-    parts = {key: tensor(v, k=k if key.startswith("tool_") else None)
-             for key, v in spec.get("reward_parts", {}).items()}
+    parts = {key: tensor(v) for key, v in spec.get("reward_parts", {}).items()}
+    turn_parts = {key: tensor(v, k=k) for key, v in spec.get("turn_parts", {}).items()}
+    extras = {key: tensor(v, k=k) for key, v in spec.get("extras", {}).items()}
     b, n_tok = mask.shape
     return RolloutBatch(
         input_ids=torch.zeros(b, n_tok, dtype=torch.long),
@@ -189,6 +196,8 @@ def build_batch(spec: dict[str, Any]) -> RolloutBatch:
         behaviour_logprobs=torch.zeros(b, n_tok),
         scores=tensor(spec["scores"]),
         reward_parts=parts,
+        turn_parts=turn_parts,
+        extras=extras,
         **fields,
     )
 
@@ -234,8 +243,8 @@ TARGETS = {
     "llm_judge": run_llm_judge,
     "extract_answer": lambda inp: {"answer": extract_answer(inp["text"])},
     "math_score": lambda inp: {"score": math_score(inp["reply"], inp["gold"])},
-    "exact_match": lambda inp: ExactMatchReward()(inp["row"], inp["replies"]),
-    "form_line": lambda inp: FormLineReward()(inp["row"], inp["replies"]),
+    "exact_match": lambda inp: reward_result(ExactMatchReward()(inp["row"], inp["replies"])),
+    "form_line": lambda inp: reward_result(FormLineReward()(inp["row"], inp["replies"])),
     "parse_decision": lambda inp: dict(zip(("decision", "challenge"),
                                            parse_decision(inp["text"], tuple(inp["choices"])))),
     "extract_code": lambda inp: {"code": extract_code(inp["reply"])},

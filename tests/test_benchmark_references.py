@@ -45,7 +45,7 @@ def test_synthetic_batch_layout():
     starts = mask & ~torch.cat([torch.zeros(64, 1, dtype=torch.bool), mask[:, :-1]], 1)
     assert torch.equal(starts.sum(1), b.turn_mask.sum(1))  # one run of tokens per reached turn
     assert torch.equal(b.turn_mask.long().cummin(1).values, b.turn_mask.long())  # reached turns: a prefix
-    assert torch.equal(b.reward_parts["tool_turn_mask"].sum(1), b.turn_mask.sum(1) - 1.0)  # all but the last
+    assert torch.equal(b.turn_parts["tool_turn_mask"].sum(1), b.turn_mask.sum(1) - 1.0)  # all but the last
     assert not mask[:, 0].any() and torch.equal(b.group_ids.unique_consecutive(return_counts=True)[1],
                                                 torch.full((8,), 8))
 

@@ -24,9 +24,9 @@ def describe(module, datamodule) -> dict:
         "scheduler": (type(sched).__name__, sched.start_factor, sched.end_factor, sched.total_iters),
         **{k: module.hparams[k] for k in ("ppo_epochs", "num_minibatches", "max_grad_norm", "dynamic_sampling",
                                           "max_logprob_gap")},
-        "policy": module.source.resolve(),
+        "policy": module.source.prepare(),
         "sampling": datamodule.sampling, "prompts_per_step": datamodule.prompts_per_step,
-        "val_prompts": datamodule.val_prompts, "engine": type(datamodule.engine).__name__,
+        "val_prompts": datamodule.val_prompts, "engine": type(datamodule.experience.engine).__name__,
         "task": vars(datamodule.task) | {"_splits": None}, "reward": type(datamodule.reward).__name__,
     }
 
@@ -43,7 +43,7 @@ def test_cli_config_builds_what_the_hydra_experiment_builds(make_cfg, cache_dir,
     built = cli(args=args, run=False)
     assert describe(built.model, built.datamodule) == describe(module, datamodule)
     assert built.trainer.max_steps == trainer.max_steps
-    assert Path(module.source.resolve()).is_dir()
+    assert Path(module.source.prepare()).is_dir()
 
 
 def test_cli_fit_refuses_a_used_directory_and_resumes_its_own_checkpoint(cache_dir, tmp_path, monkeypatch):
@@ -61,3 +61,18 @@ def test_cli_fit_refuses_a_used_directory_and_resumes_its_own_checkpoint(cache_d
         cli(args=[*args, "--trainer.max_steps=2"])
     resumed = cli(args=[*args, "--trainer.max_steps=2", f"--ckpt_path={ckpt}"])  # loads RNG states, hparams
     assert resumed.trainer.global_step == 2
+
+
+def test_cli_prepares_the_policy_before_it_builds_the_module(tmp_path, monkeypatch):
+    # A cold cache: the module's constructor only loads (PolicySource.load refuses an unbuilt policy), so the
+    # module exists only if the CLI prepared the source first (cli.prepared_source).
+    monkeypatch.chdir(tmp_path)
+    cold = tmp_path / "cold-cache"
+    embedded = "--model.init_args.policy.init_args.embedded.init_args."
+    tiny = ["sft_steps=2", "hidden_size=32", "intermediate_size=64", "num_layers=1"]
+    built = cli(args=["--config", str(CLI_CONFIG), f"{embedded}cache_dir={cold}",
+                      *[f"{embedded}{o}" for o in tiny]], run=False)
+    source = built.model.source
+    assert source.embedded.built and source.embedded.path.parent == cold / "embedded"
+    assert [p.name for p in (cold / "embedded").iterdir()] == [source.embedded.path.name]  # one build, no temp
+    assert built.model.policy.config.hidden_size == 32 and built.model.policy.config.num_hidden_layers == 1

@@ -16,6 +16,41 @@ FORM_SMALL = ["task.num_train=20", "task.num_test=2"]
 GROUP_FILES = sorted(p for p in CONF_DIR.rglob("*.yaml") if p.parent != CONF_DIR and "cli" not in p.parts)
 
 
+# What each GRPO-family experiment builds: (credit, surrogate, aggregation, augmenter's score, metric sets,
+# dynamic sampling, grad-cosine period). The old method files map onto these: method=dapo -> loss=dapo
+# method.dynamic_sampling=true, method=slca_grpo -> credit=slca metrics=tool method.grad_cosine_every=10,
+# method=tcpo -> credit=tcpo augment=counterfactual metrics=turn, method=slca_tcpo -> credit=slca_tcpo
+# augment=counterfactual_tool metrics=[tool,turn] method.grad_cosine_every=10.
+PPO = ("ClippedSurrogate", "token-mean")  # GRPO's loss
+EXPERIMENTS = {
+    "grpo_arith": ("GRPOCredit", *PPO, None, [], False, 0),
+    "dr_grpo_arith": ("DrGRPOCredit", "ClippedSurrogate", "seq-mean-token-sum-norm", None, [], False, 0),
+    "dapo_arith": ("GRPOCredit", *PPO, None, [], True, 0),
+    "gspo_arith": ("GRPOCredit", "GSPOSurrogate", "seq-mean-token-mean", None, [], False, 0),
+    "grpo_form_ppo": ("GRPOCredit", *PPO, None, [], False, 0),
+    "grpo_form": ("GRPOCredit", "ReinforceSurrogate", "seq-mean-token-sum", None, [], False, 0),
+    "dapo_form": ("GRPOCredit", "ClippedSurrogate", "seq-mean-token-mean", None, [], True, 0),
+    "gspo_form": ("GRPOCredit", "GSPOSurrogate", "seq-mean-token-mean", None, [], False, 0),
+    "slca_toolcall": ("SLCACredit", *PPO, None, ["tool"], False, 10),
+    "grpo_toolcall": ("GRPOCredit", *PPO, None, ["tool"], False, 10),
+    "toolpo_toolcall": ("ToolPOCredit", *PPO, None, ["tool"], False, 10),
+    "slca_tcpo_toolcall": ("SLCATCPOCredit", *PPO, "reward", ["tool", "turn"], False, 10),
+    "tcpo_math": ("TCPOCredit", *PPO, "verifier", ["turn"], False, 0),
+}
+
+
+def composition(module) -> tuple:
+    """The parts of a GRPO-family module that its config chose, as in :data:`EXPERIMENTS`."""
+    return (type(module.credit).__name__, type(module.loss.surrogate).__name__, module.loss.aggregation,
+            module.augment.score if module.augment is not None else None, sorted(module.metric_sets),
+            module.dynamic_sampling, module.grad_cosine_every)
+
+
+def test_every_grpo_family_experiment_is_listed():
+    experiments = {p.stem for p in GROUP_FILES if option(p)[0] == "experiment"}
+    assert experiments - set(EXPERIMENTS) == {"dpa_form"}  # DPAGRPOModule, its own module
+
+
 def option(path: Path) -> tuple[str, str]:
     rel = path.relative_to(CONF_DIR)
     return "/".join(rel.parts[:-1]), rel.stem
@@ -23,8 +58,9 @@ def option(path: Path) -> tuple[str, str]:
 
 def test_every_group_is_covered():
     groups = {option(p)[0] for p in GROUP_FILES}
-    assert {"task", "reward", "model", "rollout", "data", "credit", "method", "trainer", "logger", "callbacks",
-            "paths", "experiment", "debug", "hydra", "hydra/launcher", "reward/judge", "task/simulator", "model/lora"} <= groups
+    assert {"task", "reward", "model", "rollout", "data", "credit", "loss", "augment", "metrics", "method", "trainer",
+            "logger", "callbacks", "paths", "experiment", "debug", "hydra", "hydra/launcher", "reward/judge",
+            "task/simulator", "model/lora", "game"} <= groups
 
 
 @pytest.mark.parametrize("path", GROUP_FILES, ids=lambda p: "/".join(option(p)))
@@ -35,7 +71,7 @@ def test_config_composes_and_instantiates(path, make_cfg, tmp_path):
         assert cfg.seed == 0
         return
     local_model = name in ("hf", "llm")  # any local HF directory will do: the embedded one
-    embedded = instantiate(make_cfg().model).resolve() if local_model else None
+    embedded = instantiate(make_cfg().model).prepare() if local_model else None
     if group == "model" and name == "hf":
         cfg = make_cfg("model=hf", f"model.path={embedded}", "model.dtype=float32", fast_model=False)
     elif "/" in group and not group.startswith("hydra"):  # a nested group, e.g. reward/judge, task/simulator
@@ -54,6 +90,8 @@ def test_config_composes_and_instantiates(path, make_cfg, tmp_path):
         module, datamodule, _trainer = build(cfg)
         assert isinstance(module.credit, CreditEstimator)
         assert datamodule.sampling.n >= 2
+        if group == "experiment" and name in EXPERIMENTS:
+            assert composition(module) == EXPERIMENTS[name]
         return
     if group == "trainer" and cfg.trainer.get("accelerator") in ("gpu", "cuda") and not torch.cuda.is_available():
         assert cfg.trainer.devices  # composed; Lightning refuses a GPU Trainer on a machine without one

@@ -1,9 +1,13 @@
 """Hypothesis fuzzing of what model output and reward data reach: the tool-call parser and the other reply
 parsers, every registered credit estimator, and the policy losses.
 
+The one home of the never-raises properties (hand cases: tests/rewards/, bad input: tests/test_bad_inputs.py).
 Properties, each a promise of the docstrings / docs/methods.md:
-- ``parse_tool_calls`` / ``tool_process_score`` / ``HierRReward`` never raise on any text; every HierR part
-  is in [0, 1] (weights sum to 1), the total in [0, 2] or the omission score -0.5.
+- ``parse_tool_calls`` / ``tool_process_score`` / ``HierRReward`` never raise on any text (also as a block
+  body); every HierR part is in [0, 1] (weights sum to 1), the total in [0, 2] or the omission score -0.5;
+  ``loose_equal`` is a symmetric bool on any JSON values; the other reply parsers (final reply, think
+  stripping, tool responses, math answers, ratings, code, dollar amounts, form decisions, integers) never
+  raise; the rubric judge scores in [0, 1] and never fails.
 - every registered estimator (``lit_credit.credit.available()``, so a new one is fuzzed too), on random
   group layouts (singletons included), random turn layouts, random masks (all-zero rows included, and turn
   ids left on masked tokens) and random finite rewards (NaN only where the estimator reads nothing):
@@ -37,8 +41,17 @@ from lit_credit.losses import (
 )
 from lit_credit.rewards.exact_match import parse_final_integer
 from lit_credit.rewards.form_line import parse_value
-from lit_credit.rewards.hierr import OPEN, HierRReward, parse_tool_calls, tool_process_score
-from lit_credit.rewards.judges import parse_rating
+from lit_credit.rewards.hierr import (
+    OPEN,
+    HierRReward,
+    extract_tool_responses,
+    final_reply,
+    loose_equal,
+    parse_tool_calls,
+    strip_think,
+    tool_process_score,
+)
+from lit_credit.rewards.judges import RubricJudge, parse_rating
 from lit_credit.rewards.math_answer import extract_answer
 from lit_credit.tasks.code_revise import extract_code
 from lit_credit.tasks.form import parse_decision
@@ -70,17 +83,15 @@ fragment = st.one_of(
     st.one_of(calls, st.lists(calls, max_size=3)).map(lambda c: OPEN + json.dumps(c) + "</tool_call>"),
 )
 texts = st.lists(fragment, max_size=12).map("".join)
-gold_calls = st.lists(
-    st.lists(st.fixed_dictionaries({"name": st.sampled_from(ALLOWED), "arguments": arguments}), max_size=2),
+gold_calls = st.lists(  # "h": a gold call to a tool the row does not allow
+    st.lists(st.fixed_dictionaries({"name": st.sampled_from([*ALLOWED, "h"]), "arguments": arguments}),
+             max_size=2),
     max_size=3,
 )
 allowed_tools = st.one_of(st.none(), st.just(ALLOWED), st.just([]), st.just('["f"]'), st.just(5))
 
 
-@FUZZ
-@given(text=st.one_of(texts, st.none(), st.integers()), allowed=allowed_tools)
-def test_parse_tool_calls_never_raises(text, allowed):
-    parsed = parse_tool_calls(text, allowed)
+def check_parsed(parsed, allowed) -> None:
     assert parsed.n_valid <= len(parsed.blocks) <= min(parsed.n_open, parsed.n_close)
     for block in parsed.blocks:
         assert block.valid == (block.reason == "") and (block.valid or block.reason in REASONS)
@@ -91,6 +102,13 @@ def test_parse_tool_calls_never_raises(text, allowed):
     for call in parsed.executed:
         assert isinstance(call["name"], str) and isinstance(call["arguments"], dict)
         assert allowed != ALLOWED or call["name"] in ALLOWED
+
+
+@FUZZ
+@given(text=st.one_of(texts, st.none(), st.integers()), body=st.text(max_size=200), allowed=allowed_tools)
+def test_parse_tool_calls_never_raises(text, body, allowed):
+    check_parsed(parse_tool_calls(text, allowed), allowed)
+    check_parsed(parse_tool_calls(OPEN + body + "</tool_call>", allowed), allowed)  # any text as a block body
 
 
 @FUZZ
@@ -106,12 +124,24 @@ def test_tool_process_score_in_unit_interval(text, gold, allowed):
 @given(replies=st.lists(st.one_of(texts, st.none()), max_size=3), gold=gold_calls,
        responses=st.one_of(st.none(), st.lists(st.text(max_size=20), max_size=2)))
 def test_hierr_reward_never_raises(replies, gold, responses):
-    row = {"gold_tool_calls": gold, "allowed_tools": ALLOWED}
+    row = {"gold_tool_calls": gold, "allowed_tools": ALLOWED, "question": "q"}
     out = HierRReward()(row, replies, tool_responses=responses)
-    assert out["score"] == -0.5 or 0.0 <= out["score"] <= 2.0 + 1e-12
-    assert out["should_call_but_no_call"] in (0.0, 1.0) and 0.0 <= out["summary"] <= 1.0
-    assert len(out["tool_scores"]) == max(len(replies) - 1, 0)
-    assert all(0.0 <= s <= 1.0 + 1e-12 for s in out["tool_scores"])
+    assert out.score == -0.5 or 0.0 <= out.score <= 2.0 + 1e-12
+    assert out.parts["should_call_but_no_call"] in (0.0, 1.0) and 0.0 <= out.parts["summary"] <= 1.0
+    components = ("format", "name", "key", "value", "parallel", "process")
+    assert all(0.0 <= out.parts[k] <= 1.0 + 1e-12 for k in components)
+    assert len(out.turns["tool_scores"]) == max(len(replies) - 1, 0)
+    assert all(0.0 <= s <= 1.0 + 1e-12 for s in out.turns["tool_scores"])
+
+
+any_json = st.one_of(json_values, st.integers(), st.floats())  # unbounded integers: 10**400 is no float
+
+
+@FUZZ
+@given(gold=any_json, pred=any_json)
+def test_loose_equal_is_a_symmetric_bool(gold, pred):
+    assert isinstance(loose_equal(gold, pred), bool)
+    assert loose_equal(gold, pred) == loose_equal(pred, gold)
 
 
 @FUZZ
@@ -125,6 +155,16 @@ def test_reply_parsers_never_raise(text):
     decision, challenge = parse_decision(text, ("SAC", "NS"))
     assert decision in (None, "SAC", "NS") and isinstance(challenge, dict)
     assert parse_final_integer(text) is None or isinstance(parse_final_integer(text), int)
+    assert isinstance(final_reply(text), str) and len(strip_think(text)) <= len(text)
+    assert all(isinstance(r, str) for r in extract_tool_responses(text))
+
+
+@FUZZ
+@given(question=st.text(max_size=40), responses=st.lists(st.text(max_size=60), max_size=3),
+       reply=st.text(max_size=80))
+def test_rubric_judge_in_unit_interval(question, responses, reply):
+    result = RubricJudge()(question, responses, reply)
+    assert 0.0 <= result.score <= 1.0 and not result.failed
 
 
 # ------------------------------------------------------------------------------------------------ credit
@@ -140,7 +180,8 @@ def rollout_batches(draw) -> RolloutBatch:
     empty reply) followed by 1-2 feedback tokens; ``turn_mask`` is the prefix of reached turns. The response
     mask is the turns' tokens, then some of those dropped again and some rows zeroed (tokens that keep a turn
     id under mask 0). Group ids from 3 values (singleton groups happen). Scores finite; per-turn scores NaN
-    on turns not reached (never read); alternatives NaN where not sampled.
+    on turns not reached (never read); alternatives NaN where not sampled. The reward's part weights are
+    HierR-like or absent (SLCA's segment weights follow them when not configured).
     """
     b, k = draw(st.integers(1, 6)), draw(st.integers(1, 3))
     dtype = draw(st.sampled_from([torch.float32, torch.float64]))
@@ -170,13 +211,14 @@ def rollout_batches(draw) -> RolloutBatch:
     parts = {
         "process": vec(unit, b), "summary": vec(unit, b), "score": vec(finite, b),
         "should_call_but_no_call": vec(st.sampled_from([0.0, 1.0]), b),
-        "tool_scores": torch.where(tool_turn_mask, vec(unit, b, k), float("nan")),
-        "tool_turn_mask": tool_turn_mask.to(dtype),
-        "alt_scores": torch.where(sampled, vec(unit, b, k, 2), float("nan")),
-        "cf_mask": vec(st.booleans(), b, k).bool(),
     }
     if draw(st.booleans()):
         del parts["score"]  # estimators fall back to batch.scores
+    turn_parts = {"tool_scores": torch.where(tool_turn_mask, vec(unit, b, k), float("nan")),
+                  "tool_turn_mask": tool_turn_mask.to(dtype)}
+    extras = {"alt_scores": torch.where(sampled, vec(unit, b, k, 2), float("nan")),
+              "cf_mask": vec(st.booleans(), b, k).bool()}
+    part_weights = draw(st.sampled_from([{}, {"process": 0.5, "summary": 2.0}]))  # the reward's, or none
     return RolloutBatch(
         input_ids=torch.zeros(b, width, dtype=torch.long),
         attention_mask=torch.ones(b, width, dtype=torch.long),
@@ -186,6 +228,9 @@ def rollout_batches(draw) -> RolloutBatch:
         behaviour_logprobs=torch.zeros(b, width),
         scores=vec(finite, b),
         reward_parts=parts,
+        turn_parts=turn_parts,
+        extras=extras,
+        reward_weights=part_weights,
         turn_scores=turn_scores,
         turn_mask=turn_mask,
     )
@@ -195,11 +240,13 @@ weights = st.floats(0.0, 2.0)
 tcpo_settings = {"preset": st.sampled_from(PRESETS), "normalize": st.sampled_from(NORMALIZE)}
 CONFIGS = {
     "grpo": st.fixed_dictionaries({"norm_by_std": st.booleans()}),
-    "slca": st.fixed_dictionaries({"w_process": weights, "w_summary": weights, "norm_by_std": st.booleans()}),
+    "slca": st.fixed_dictionaries({"w_process": weights | st.none(), "w_summary": weights | st.none(),
+                                   "norm_by_std": st.booleans()}),
     "toolpo": st.fixed_dictionaries({"lam": weights, "norm_by_std": st.booleans()}),
     "mt_grpo": st.fixed_dictionaries({"c": weights, "norm_by_std": st.booleans()}),
     "tcpo": st.fixed_dictionaries(tcpo_settings),
-    "slca_tcpo": st.fixed_dictionaries({**tcpo_settings, "w_process": weights, "w_summary": weights}),
+    "slca_tcpo": st.fixed_dictionaries({**tcpo_settings, "w_process": weights | st.none(),
+                                        "w_summary": weights | st.none()}),
 }
 # estimators whose every advantage is a group normalisation over rollouts: a singleton group gets 0
 ROLLOUT_NORMALISED = {"grpo", "dr_grpo", "dpa", "mt_grpo", "slca", "toolpo"}

@@ -16,6 +16,7 @@ PACKAGES = ("lit_credit", "data_modules", "callbacks")
 
 LAYERS: list[tuple[str, ...]] = [
     ("__init__", "types", "backends", "checkpoint", "config"),  # foundations: records, retries, checkpoint I/O
+    ("interfaces",),  # the Protocols of every layer (RolloutEngine, Environment, Reward, CreditEstimator, ...)
     ("credit", "losses"),  # pure tensor math: advantage estimators, policy losses
     ("rewards",),  # scoring of replies, and the parsers of what a reply says
     ("tasks",),  # prompts, environments, demonstrations, the tool world and its prompt text

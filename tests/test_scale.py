@@ -36,32 +36,26 @@ FAST = ["task.max_operand=9", "task.num_test=20", "model.embedded.sft_steps=120"
 RUN = ["callbacks=none", "~logger", "validate_first=false", f"trainer.max_steps={STEPS}",
        "+trainer.limit_val_batches=0", "+trainer.enable_checkpointing=false", "+trainer.enable_progress_bar=false",
        f"data.prompts_per_step={PROMPTS}", f"data.sampling.n={N}", "data.sampling.max_new_tokens=16",
-       "method.loss.kl_coef=0.5", "method.loss.aggregation=seq-mean-token-mean", "method.lr_scheduler=null",
+       "loss.kl_coef=0.5", "loss.aggregation=seq-mean-token-mean", "method.lr_scheduler=null",
        "method.optimizer._target_=torch.optim.SGD", "method.optimizer.lr=0.1", "method.max_grad_norm=1.0",
        "method.num_minibatches=1"]  # one update per step: a rank's random minibatches are not the single process's
 
 
 class FixedExperience(RolloutDataModule):
-    """Serves precomputed RolloutBatches (one per step): all rows on one process, rank r's contiguous
-    ``1 / world_size`` of them (whole groups) otherwise. The engine is never used."""
+    """Serves precomputed RolloutBatches (one per step, from the file ``batches``): all rows on one process,
+    rank r's contiguous ``1 / world_size`` of them (whole groups) otherwise. The engine (HFEngine on the
+    trainer's policy: binding and weight sync are no-ops) never generates."""
 
-    def __init__(self, *args: Any, experience: str, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, batches: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.experience, self._steps, self._calls = experience, None, 0
-
-    def bind(self, model: torch.nn.Module, tokenizer: Any) -> None:
-        pass
-
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        pass
+        self.batches, self._steps, self._calls = batches, None, 0
 
     def generate_experience(self, rows, sampling=None) -> RolloutBatch:
         if self._steps is None:
-            self._steps = torch.load(self.experience, weights_only=False)
+            self._steps = torch.load(self.batches, weights_only=False)
         batch, self._calls = self._steps[self._calls], self._calls + 1
         rank, world = self.trainer.global_rank, self.trainer.world_size
         size = len(batch) // world
-        self.last_generation_s = 0.0
         return batch.select(torch.arange(rank * size, (rank + 1) * size))
 
 
@@ -93,7 +87,7 @@ def compose_run(trainer: str, experience: str, cache_dir: str, out: str):
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         cfg = compose("train", overrides=[*FAST, *RUN, f"trainer={trainer}",
                                           "data._target_=tests.test_scale.FixedExperience",
-                                          f"+data.experience={experience}",
+                                          f"+data.batches={experience}",
                                           "+callbacks.record._target_=tests.test_scale.Record",
                                           f"+callbacks.record.out={out}"])
     with open_dict(cfg):

@@ -14,7 +14,8 @@ rollout         int64   row of the batch
 turn            int64   assistant turn index k (0-based)
 segment         string  ``tool`` / ``summary`` (SLCA's rule, on tool tasks) or ``turn`` (other tasks)
 turn_type       string  TCPO's ``flat`` / ``improve`` / ``maintain`` / ``regress`` where the turn has a
-                        per-turn score (``turn_scores``, or a tool turn's ``tool_scores``), else ""
+                        per-turn score (``turn_scores``, or a tool turn's ``turn_parts["tool_scores"]``),
+                        else ""
 case            string  DPA-GRPO decision case (``1`` ... ``6b``), else ""
 turn_score      float64 the turn's score (verifier score or tool-turn score), NaN where none
 score           float64 the rollout's total reward
@@ -22,8 +23,14 @@ advantage       float64 mean advantage over the turn's learnable tokens
 advantage_min   float64 / advantage_max: its extremes
 tokens          int64   learnable tokens of the turn
 excerpt         string  the first ``excerpt_chars`` characters of the turn's text
-reward/<part>   float64 every per-rollout reward part (``reward/process``, ``reward/summary``, ...)
+reward/<part>   float64 every per-rollout reward part, ``batch.reward_parts`` (``reward/process``,
+                        ``reward/summary``, ...)
+extra/<name>    float64 every per-rollout extra, ``batch.extras`` [B] (not a reward: DPA-GRPO's approver
+                        rarity ``extra/weight`` and reviser ``extra/adv_bonus``)
 =============== ======= ==============================================================================
+
+Per-turn reward lists (``turn_parts``) appear only through ``turn_score`` / ``turn_type``; extras that are not
+one value per rollout (TCPO's ``alt_scores`` [B, K, M], ``cf_mask`` [B, K]) are not written.
 """
 from __future__ import annotations
 
@@ -42,12 +49,12 @@ from lit_credit.types import CreditTrace, RolloutBatch
 
 
 def _turn_scores(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The per-turn scores that carry TCPO turn types: the verifier's, else the tool turns'."""
+    """The per-turn scores that carry TCPO turn types: the verifier's, else the reward's tool turns'."""
     if batch.turn_scores is not None:
         return batch.turn_scores, batch.turn_mask.bool()
-    parts = batch.reward_parts
-    if "tool_scores" in parts and "tool_turn_mask" in parts:
-        return parts["tool_scores"], parts["tool_turn_mask"].bool()
+    turns = batch.turn_parts
+    if "tool_scores" in turns and "tool_turn_mask" in turns:
+        return turns["tool_scores"], turns["tool_turn_mask"].bool()
     return None
 
 
@@ -103,6 +110,8 @@ def credit_records(trace: CreditTrace, *, step: int, method: str, excerpt_chars:
         "tokens": count.long().numpy(), "excerpt": excerpt,
     }
     frame |= {f"reward/{k}": v.double()[rollout].numpy() for k, v in sorted(parts.items()) if v.dim() == 1}
+    extras = {k: v.cpu() for k, v in sorted(batch.extras.items()) if v.dim() == 1}
+    frame |= {f"extra/{k}": v.double()[rollout].numpy() for k, v in extras.items()}
     return pd.DataFrame(frame)
 
 

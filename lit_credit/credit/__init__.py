@@ -4,6 +4,7 @@ from lit_credit.credit.dpa import DPACredit, dpa_pair_advantages
 from lit_credit.credit.grpo import DrGRPOCredit, GRPOCredit, group_normalize, group_stats, grpo_advantages
 from lit_credit.credit.mt_grpo import MTGRPOCredit, mt_grpo_advantages
 from lit_credit.credit.registry import CreditEstimator, available, get, register
+from lit_credit.credit.rloo import RLOOCredit, rloo_advantages
 from lit_credit.credit.slca import (
     SLCACredit,
     ToolPOCredit,
@@ -30,6 +31,7 @@ __all__ = [
     "DrGRPOCredit",
     "GRPOCredit",
     "MTGRPOCredit",
+    "RLOOCredit",
     "SLCACredit",
     "SLCATCPOCredit",
     "TCPOCredit",
@@ -46,6 +48,7 @@ __all__ = [
     "mt_grpo_advantages",
     "register",
     "retrospective_credit",
+    "rloo_advantages",
     "segment_masks",
     "select_counterfactual_turns",
     "slca_advantages",

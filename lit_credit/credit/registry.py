@@ -8,31 +8,16 @@ attributes, so Hydra (``_target_: lit_credit.credit.GRPOCredit``) and LightningC
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Literal, TypeVar
 
 import torch
 from torch import Tensor
 
-from lit_credit.types import CreditOutput, RolloutBatch
+from lit_credit.interfaces import CreditEstimator
+from lit_credit.types import RolloutBatch
 
 MAX_LISTED_ROWS = 10
-
-
-class CreditEstimator(ABC):
-    """``RolloutBatch -> CreditOutput``: per-token advantages, zero wherever ``response_mask == 0``.
-
-    Every estimator first runs :func:`check_batch` on the fields it reads, so an empty batch, a field with
-    the wrong number of rows or a NaN / inf input is a ``ValueError`` naming the field, never NaN credit.
-    """
-
-    @abstractmethod
-    def __call__(self, batch: RolloutBatch) -> CreditOutput: ...
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
-        return f"{type(self).__name__}({args})"
 
 
 _REGISTRY: dict[str, type[CreditEstimator]] = {}
@@ -98,9 +83,16 @@ def check_batch(batch: RolloutBatch, values: Mapping[str, Tensor | tuple[Tensor,
                              "fix: the reward must return finite floats")
 
 
-def require_parts(batch: RolloutBatch, keys: tuple[str, ...], *, credit: str, fix: str) -> None:
-    """Raise ``ValueError`` naming the missing ``batch.reward_parts`` keys an estimator reads, and the fix."""
-    missing = [k for k in keys if k not in batch.reward_parts]
+BatchDict = Literal["reward_parts", "turn_parts", "extras"]
+
+
+def require_parts(batch: RolloutBatch, keys: Iterable[str], *, credit: str, fix: str,
+                  field: BatchDict = "reward_parts") -> None:
+    """Raise ``ValueError`` naming each missing key an estimator reads as ``batch.<field>[key]`` (``field``:
+    the reward's ``reward_parts`` [B] or ``turn_parts`` [B, K], or the augmenters' ``extras``), what the batch
+    has there, and the fix."""
+    have = getattr(batch, field)
+    missing = [k for k in sorted(keys) if k not in have]
     if missing:
-        raise ValueError(f"credit={credit} needs batch.reward_parts {missing} (the batch has "
-                         f"{sorted(batch.reward_parts)}); fix: {fix}")
+        names = ", ".join(f"batch.{field}[{k!r}]" for k in missing)
+        raise ValueError(f"credit={credit} needs {names} (batch.{field} has {sorted(have)}); fix: {fix}")

@@ -174,6 +174,16 @@ def toolpo_advantages(
 HIERR_FIX = "use reward=hierr (it returns process, summary and should_call_but_no_call) on a tool task"
 
 
+def segment_weights(batch: RolloutBatch, w_process: float | None, w_summary: float | None
+                    ) -> tuple[float, float]:
+    """SLCA's segment weights ``(w_process, w_summary)``: each as configured, or where None the reward's
+    weight of that part (``batch.reward_weights``, HierR's ``w_process`` / ``w_summary``), 1.0 when the
+    reward has none."""
+    weights = batch.reward_weights
+    return (weights.get("process", 1.0) if w_process is None else w_process,
+            weights.get("summary", 1.0) if w_summary is None else w_summary)
+
+
 def omission_checks(batch: RolloutBatch, keys: tuple[str, ...]) -> dict[str, Tensor]:
     """The :func:`~lit_credit.credit.registry.check_batch` entries of the SLCA family: the reward parts
     ``keys``, the total score (``reward_parts["score"]``, default ``batch.scores``) and the optional
@@ -189,11 +199,13 @@ class SLCACredit(CreditEstimator):
     """:func:`slca_advantages` of ``batch.reward_parts["process"]`` and ``["summary"]``.
 
     The omission guard reads ``reward_parts["score"]`` (default: ``batch.scores``, the total score) and the
-    optional ``reward_parts["should_call_but_no_call"]``.
+    optional ``reward_parts["should_call_but_no_call"]``. ``w_process`` / ``w_summary``: None (default)
+    follows the reward's weights (:func:`segment_weights`), so the segments are weighted as the score is.
     """
 
     def __init__(
-        self, *, w_process: float = 1.0, w_summary: float = 1.0, eps: float = 1e-6, norm_by_std: bool = True
+        self, *, w_process: float | None = None, w_summary: float | None = None, eps: float = 1e-6,
+        norm_by_std: bool = True,
     ) -> None:
         self.w_process = w_process
         self.w_summary = w_summary
@@ -204,6 +216,7 @@ class SLCACredit(CreditEstimator):
         parts = batch.reward_parts
         require_parts(batch, ("process", "summary"), credit="slca", fix=HIERR_FIX)
         check_batch(batch, omission_checks(batch, ("process", "summary")))
+        w_process, w_summary = segment_weights(batch, self.w_process, self.w_summary)
         return slca_advantages(
             parts["process"],
             parts["summary"],
@@ -211,8 +224,8 @@ class SLCACredit(CreditEstimator):
             batch.group_ids,
             score_total=parts.get("score", batch.scores),
             should_call_but_no_call=parts.get("should_call_but_no_call"),
-            w_process=self.w_process,
-            w_summary=self.w_summary,
+            w_process=w_process,
+            w_summary=w_summary,
             eps=self.eps,
             norm_by_std=self.norm_by_std,
         )

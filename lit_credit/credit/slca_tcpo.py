@@ -21,13 +21,16 @@ from lit_credit.credit.grpo import (
     token_moments,
     zero_group_frac,
 )
-from lit_credit.credit.registry import check_batch, register, require_parts
-from lit_credit.credit.slca import omission_checks, omission_guard, segments
+from lit_credit.credit.registry import CreditEstimator, check_batch, register, require_parts
+from lit_credit.credit.slca import omission_checks, omission_guard, segment_weights, segments
 from lit_credit.credit.tcpo import (
+    NORMALIZE,
+    PRESETS,
     Normalize,
     Preset,
-    TCPOCredit,
-    alt_scores_check,
+    check_choice,
+    counterfactual_inputs,
+    counterfactual_needs,
     tcpo_turn_advantages,
     turn_credit_metrics,
     turns_to_tokens,
@@ -117,13 +120,16 @@ def slca_tcpo_advantages(
 
 
 @register("slca_tcpo")
-class SLCATCPOCredit(TCPOCredit):
-    """:func:`slca_tcpo_advantages` of ``batch.reward_parts``: ``tool_scores`` and ``tool_turn_mask``
-    ([B, K], from :class:`~lit_credit.rewards.HierRReward`), ``summary``, the omission inputs ``score``
-    (default ``batch.scores``) and ``should_call_but_no_call``, and TCPO's optional ``alt_scores`` /
-    ``cf_mask`` (added by :class:`~lit_credit.methods.SLCATCPOModule` when ``uses_counterfactual``).
+class SLCATCPOCredit(CreditEstimator):
+    """:func:`slca_tcpo_advantages` of the reward's per-turn tool scores ``batch.turn_parts["tool_scores"]``
+    and ``["tool_turn_mask"]`` ([B, K], from :class:`~lit_credit.rewards.HierRReward`), its parts
+    ``reward_parts["summary"]``, the omission inputs ``["score"]`` (default ``batch.scores``) and
+    ``["should_call_but_no_call"]``, and, when the preset uses counterfactuals (:attr:`needs`), TCPO's
+    ``batch.extras["alt_scores"]`` / ``["cf_mask"]`` (added by ``augment=counterfactual_tool``).
+
     TCPO's settings as in :class:`~lit_credit.credit.TCPOCredit` (default preset ``retro_hindsight``), plus
-    SLCA's segment weights and ``norm_by_std`` of the summary.
+    SLCA's segment weights (None: the reward's, :func:`~lit_credit.credit.slca.segment_weights`) and
+    ``norm_by_std`` of the summary.
     """
 
     def __init__(
@@ -138,35 +144,69 @@ class SLCATCPOCredit(TCPOCredit):
         mu: float = 0.1,
         rho: float = 1.0,
         r0: float = 0.0,
-        w_process: float = 1.0,
-        w_summary: float = 1.0,
+        w_process: float | None = None,
+        w_summary: float | None = None,
         eps: float = 1e-6,
         norm_by_std: bool = True,
     ) -> None:
-        super().__init__(preset=preset, normalize=normalize, w_retro=w_retro, w_hind=w_hind, w_cf=w_cf, tau=tau,
-                         mu=mu, rho=rho, r0=r0, eps=eps)
+        check_choice("preset", preset, PRESETS)
+        check_choice("normalize", normalize, NORMALIZE)
+        self.preset = preset
+        self.normalize = normalize
+        self.w_retro = w_retro
+        self.w_hind = w_hind
+        self.w_cf = w_cf
+        self.tau = tau
+        self.mu = mu
+        self.rho = rho
+        self.r0 = r0
         self.w_process = w_process
         self.w_summary = w_summary
+        self.eps = eps
         self.norm_by_std = norm_by_std
 
+    @property
+    def needs(self) -> frozenset[str]:
+        """``{"alt_scores", "cf_mask"}`` with preset ``tcpo`` and ``w_cf != 0`` (counterfactual tool turns,
+        ``augment=counterfactual_tool``), else empty."""
+        return counterfactual_needs(self.preset, self.w_cf)
+
     def __call__(self, batch: RolloutBatch) -> CreditOutput:
-        parts = batch.reward_parts
-        require_parts(batch, ("tool_scores", "tool_turn_mask", "summary"), credit="slca_tcpo",
-                      fix="per-turn tool scores come from reward=hierr on a tool task "
-                          "(task=toolcall_multistep)")
-        tool_scores = (parts["tool_scores"], parts["tool_turn_mask"])
-        check_batch(batch, {"batch.reward_parts['tool_scores']": tool_scores,
-                            **omission_checks(batch, ("summary",)), **alt_scores_check(parts)})
+        fix = ("use reward=hierr on a tool task (task=toolcall_multistep): it returns the summary and the "
+               "per-turn tool scores")
+        require_parts(batch, ("tool_scores", "tool_turn_mask"), credit="slca_tcpo", fix=fix,
+                      field="turn_parts")
+        require_parts(batch, ("summary",), credit="slca_tcpo", fix=fix)
+        alt, cf_mask, alt_check = counterfactual_inputs(
+            batch, self.needs, credit="slca_tcpo", fix="augment=counterfactual_tool (TCPO's resampled tool "
+            "turns), or credit.preset=retro_hindsight / credit.w_cf=0 (no counterfactual term)")
+        parts, turns = batch.reward_parts, batch.turn_parts
+        tool_scores = (turns["tool_scores"], turns["tool_turn_mask"])
+        check_batch(batch, {"batch.turn_parts['tool_scores']": tool_scores, **omission_checks(batch, ("summary",)),
+                            **alt_check})
+        w_process, w_summary = segment_weights(batch, self.w_process, self.w_summary)
         return slca_tcpo_advantages(
-            parts["tool_scores"],
-            parts["tool_turn_mask"],
+            turns["tool_scores"],
+            turns["tool_turn_mask"],
             parts["summary"],
             batch.response_mask,
             batch.turn_ids,
             batch.group_ids,
             score_total=parts.get("score", batch.scores),
             should_call_but_no_call=parts.get("should_call_but_no_call"),
-            alt_scores=parts.get("alt_scores"),
-            cf_mask=parts.get("cf_mask"),
-            **vars(self),
+            preset=self.preset,
+            normalize=self.normalize,
+            alt_scores=alt,
+            cf_mask=cf_mask,
+            w_retro=self.w_retro,
+            w_hind=self.w_hind,
+            w_cf=self.w_cf,
+            tau=self.tau,
+            mu=self.mu,
+            rho=self.rho,
+            r0=self.r0,
+            w_process=w_process,
+            w_summary=w_summary,
+            eps=self.eps,
+            norm_by_std=self.norm_by_std,
         )

@@ -23,7 +23,7 @@ from lit_credit.credit.grpo import (
     row_blocks,
     token_moments,
 )
-from lit_credit.credit.registry import CreditEstimator, check_batch, register
+from lit_credit.credit.registry import CreditEstimator, check_batch, register, require_parts
 from lit_credit.types import CreditOutput, RolloutBatch
 
 Preset = Literal["trajectory", "turn", "diff", "retro", "retro_hindsight", "tcpo"]
@@ -282,19 +282,35 @@ def turn_credit_metrics(adv: Tensor, scores: Tensor, turn_mask: Tensor, tau: flo
     return metrics | {f"credit/turn/{k}/adv_mean": v for k, v in enumerate(by_index)}
 
 
-def alt_scores_check(parts: dict[str, Tensor]) -> dict[str, tuple[Tensor, Tensor]]:
-    """The :func:`~lit_credit.credit.registry.check_batch` entry of ``reward_parts["alt_scores"]`` (none when
-    absent): NaN marks an alternative not sampled, so only the sampled entries must be finite."""
-    alt = parts.get("alt_scores")
-    return {} if alt is None else {"batch.reward_parts['alt_scores']": (alt, ~alt.isnan())}
+COUNTERFACTUALS = frozenset({"alt_scores", "cf_mask"})
+
+
+def counterfactual_needs(preset: str, w_cf: float) -> frozenset[str]:
+    """The ``batch.extras`` a TCPO preset reads: the counterfactual alternatives (:data:`COUNTERFACTUALS`)
+    when they change the result (preset ``tcpo`` with ``w_cf != 0``), else none."""
+    return COUNTERFACTUALS if preset == "tcpo" and w_cf != 0 else frozenset()
+
+
+def counterfactual_inputs(batch: RolloutBatch, needs: frozenset[str], *, credit: str, fix: str
+                          ) -> tuple[Tensor | None, Tensor | None, dict[str, tuple[Tensor, Tensor]]]:
+    """``(alt_scores, cf_mask, checks)`` of ``batch.extras``: both None when the estimator ``needs`` none
+    (they would not change the result); else both required (:func:`~lit_credit.credit.registry.require_parts`
+    with ``fix``), and ``checks`` the :func:`~lit_credit.credit.registry.check_batch` entry of ``alt_scores``:
+    NaN marks an alternative not sampled, so only the sampled entries must be finite."""
+    if not needs:
+        return None, None, {}
+    require_parts(batch, needs, credit=credit, fix=fix, field="extras")
+    alt = batch.extras["alt_scores"]
+    return alt, batch.extras["cf_mask"], {"batch.extras['alt_scores']": (alt, ~alt.isnan())}
 
 
 @register("tcpo")
 class TCPOCredit(CreditEstimator):
     """:func:`tcpo_turn_advantages` of ``batch.turn_scores`` spread onto the tokens by ``batch.turn_ids``.
 
-    Reads ``batch.turn_scores``, ``turn_mask``, ``turn_ids``, ``group_ids`` and the optional
-    ``reward_parts["alt_scores"]`` ([B, K, M]) and ``reward_parts["cf_mask"]`` ([B, K]).
+    Reads ``batch.turn_scores``, ``turn_mask``, ``turn_ids``, ``group_ids`` and, when the preset uses
+    counterfactuals (:attr:`needs`), ``batch.extras["alt_scores"]`` ([B, K, M]) and
+    ``batch.extras["cf_mask"]`` ([B, K]), added by ``augment=counterfactual``.
     ``parts["turn"]`` holds A [B, K]; turn ids are read only on the response mask (tokens with
     ``response_mask == 0`` get 0). Metrics: ``credit/adv_*`` over the learnable tokens,
     ``credit/turn_type/{flat,improve,maintain,regress}/{adv_mean,adv_std,adv_abs_max,frac}`` over reached
@@ -330,25 +346,24 @@ class TCPOCredit(CreditEstimator):
         self.eps = eps
 
     @property
-    def uses_counterfactual(self) -> bool:
-        """Whether ``alt_scores`` change the result (preset ``tcpo`` with ``w_cf != 0``): the module then
-        resamples the selected turns."""
-        return self.preset == "tcpo" and self.w_cf != 0
+    def needs(self) -> frozenset[str]:
+        """``{"alt_scores", "cf_mask"}`` when they change the result (preset ``tcpo`` with ``w_cf != 0``): an
+        augmenter must add them (``augment=counterfactual`` resamples the selected turns); else empty."""
+        return counterfactual_needs(self.preset, self.w_cf)
 
     def __call__(self, batch: RolloutBatch) -> CreditOutput:
         if batch.turn_scores is None or batch.turn_mask is None:
             raise ValueError("credit=tcpo needs per-turn verifier scores (batch.turn_scores): use a task whose "
                              "environment scores every turn (task=math_revise or task=code_revise)")
-        parts = batch.reward_parts
         scores, mask = batch.turn_scores, batch.turn_mask.bool()
-        check_batch(batch, {"batch.turn_scores": (scores, mask), **alt_scores_check(parts)})
+        alt, cf_mask, alt_check = counterfactual_inputs(
+            batch, self.needs, credit="tcpo", fix="augment=counterfactual (TCPO's resampled alternatives), "
+            "or credit.preset=retro_hindsight / credit.w_cf=0 (no counterfactual term)")
+        check_batch(batch, {"batch.turn_scores": (scores, mask), **alt_check})
         adv = tcpo_turn_advantages(
-            scores,
-            mask,
-            batch.group_ids,
-            alt_scores=parts.get("alt_scores"),
-            cf_mask=parts.get("cf_mask"),
-            **vars(self),
+            scores, mask, batch.group_ids, preset=self.preset, alt_scores=alt, cf_mask=cf_mask,
+            w_retro=self.w_retro, w_hind=self.w_hind, w_cf=self.w_cf, normalize=self.normalize, tau=self.tau,
+            mu=self.mu, rho=self.rho, r0=self.r0, eps=self.eps,
         )
         tokens = turns_to_tokens(adv, batch.turn_ids, batch.response_mask)
         metrics = moment_metrics(token_moments(tokens, batch.response_mask.sum()))

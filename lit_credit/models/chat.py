@@ -29,6 +29,11 @@ class ChatCodec:
     def reply_ids(self, text: str) -> list[int]:
         return [*self._encode(text), self.eos_id]
 
+    def line_ids(self, text: str) -> list[int]:
+        """``text`` and a newline, no end of turn: a line the reply goes on after (DPA's SAC decision line,
+        which its challenge line follows)."""
+        return self._encode(text + "\n")
+
     def _truncate(self, content: str) -> str:
         ids = self._encode(content)
         if self.max_feedback_tokens is None or len(ids) <= self.max_feedback_tokens:

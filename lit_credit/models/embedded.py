@@ -38,6 +38,9 @@ class EmbeddedPolicy:
     (``hidden_size`` x ``num_layers``, tied embeddings), then ``sft_steps`` of supervised training on
     the task's gold demonstrations. The directory name hashes the whole recipe; it is written to a
     temporary directory and renamed, so a crash never leaves a half-built cache behind.
+
+    Constructing one only records the recipe; :meth:`build` (called by :meth:`PolicySource.prepare`, which
+    the entry points call before they build the module) is the one step that trains.
     """
 
     def __init__(self, task: Task, cache_dir: str = ".cache/lit-credit", vocab_size: int = 512,
@@ -56,9 +59,15 @@ class EmbeddedPolicy:
         digest = hashlib.sha256(key.encode()).hexdigest()[:12]
         return Path(self.cache_dir).expanduser().resolve() / "embedded" / f"{self.task.name}-{digest}"
 
+    @property
+    def built(self) -> bool:
+        """Whether :attr:`path` holds a finished build (the rename that ends :meth:`build` has happened)."""
+        return (self.path / "config.json").exists()
+
     def build(self) -> Path:
+        """The cache directory, built first when missing (the tokenizer, the model, ``sft_steps`` of SFT)."""
         target = self.path
-        if (target / "config.json").exists():
+        if self.built:
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
         log.info("building the embedded policy at %s (once; later runs reuse it)", target)

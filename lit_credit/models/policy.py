@@ -22,7 +22,14 @@ def is_peft(model: torch.nn.Module) -> bool:
 
 class PolicySource:
     """Loads ``(model, tokenizer)`` with ``from_pretrained`` from ``path``, or from the embedded policy's
-    cache (built on first use) when ``path`` is None. Never touches a model hub.
+    cache when ``path`` is None. Never touches a model hub.
+
+    Two steps, so that building a module never trains one: :meth:`prepare` makes what :meth:`load` reads
+    (the embedded policy's tokenizer, model and SFT warm start, once per recipe, cached on disk; nothing for
+    a local ``path``) and returns the directory; :meth:`load` only loads, and refuses an embedded policy that
+    is not built yet. The entry points (``lit-credit``'s :func:`lit_credit.train.build`, ``lit-credit-cli``)
+    prepare the source before they build the module; code that builds a module itself calls ``prepare()``
+    first.
 
     ``lora`` (a ``peft.LoraConfig``, e.g. ``model/lora=r8``): the model is wrapped with one trainable LoRA
     adapter named :data:`ADAPTER` and the base weights frozen; the reference policy is then the base with
@@ -40,11 +47,22 @@ class PolicySource:
             raise ValueError(f"model.dtype={dtype!r}: use one of {sorted(_DTYPES)}")
         self.path, self.embedded, self.dtype, self.lora = path, embedded, dtype, lora
 
-    def resolve(self) -> str:
+    def prepare(self) -> str:
+        """The directory :meth:`load` reads, built first if it is the embedded policy's and not cached yet
+        (:meth:`EmbeddedPolicy.build`: the SFT warm start, minutes on CPU the first time; a cache hit after)."""
         return str(self.path) if self.path is not None else str(self.embedded.build())
 
     def load(self) -> tuple[torch.nn.Module, Any]:
-        where = self.resolve()
+        """``(model, tokenizer)`` from the prepared directory; builds and trains nothing."""
+        if self.path is not None:
+            where = str(self.path)
+        elif self.embedded.built:
+            where = str(self.embedded.path)
+        else:
+            raise ValueError(f"model.embedded: the embedded policy is not built yet ({self.embedded.path} is "
+                             "missing): call PolicySource.prepare() before load() or before building the module "
+                             "(it runs the SFT warm start once and caches it), or run through `lit-credit` or "
+                             "`lit-credit-cli`, which prepare the policy first")
         tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token

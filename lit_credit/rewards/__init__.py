@@ -1,4 +1,6 @@
-from lit_credit.rewards.base import Reward
+"""Rewards: one finished episode in, a :class:`~lit_credit.types.RewardResult` out (the :class:`Reward`
+protocol of :mod:`lit_credit.interfaces`), and the parsers of what a reply says."""
+from lit_credit.interfaces import Reward
 from lit_credit.rewards.dpa import (
     APPROVER_ACTIONS,
     CASES,

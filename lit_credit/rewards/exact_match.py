@@ -5,6 +5,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from lit_credit.types import RewardResult
+
 _INT = re.compile(r"-?\d+")
 
 
@@ -26,8 +28,8 @@ class ExactMatchReward:
 
     def __call__(self, row: dict[str, Any], replies: list[str],
                  tool_responses: Sequence[str] | None = None,
-                 turn_scores: Sequence[float | None] | None = None) -> dict[str, float]:
+                 turn_scores: Sequence[float | None] | None = None) -> RewardResult:
         reply = replies[-1].strip() if replies else ""
         value = parse_final_integer(reply)
         correct = float(value is not None and str(value) == str(row["answer"]).strip())
-        return {"score": correct, "correct": correct, "format": float(bool(_INT.fullmatch(reply)))}
+        return RewardResult(correct, {"correct": correct, "format": float(bool(_INT.fullmatch(reply)))})

@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from lit_credit.types import RewardResult
+
 LENIENT_DOLLARS = 5
 
 
@@ -54,7 +56,7 @@ class FormLineReward:
 
     def __call__(self, row: dict[str, Any], replies: list[str],
                  tool_responses: Sequence[str] | None = None,
-                 turn_scores: Sequence[float | None] | None = None) -> dict[str, float]:
+                 turn_scores: Sequence[float | None] | None = None) -> RewardResult:
         try:
             gold = float(row["gold"])
         except (KeyError, TypeError, ValueError):
@@ -62,5 +64,5 @@ class FormLineReward:
                              "carries its line's gold dollar amount (task=form builds it)") from None
         value = parse_value(replies[-1]) if replies else None
         strict, lenient = line_correct(value, gold)
-        return {"score": float(strict), "strict": float(strict), "lenient": float(lenient),
-                "parsable": float(value is not None)}
+        return RewardResult(float(strict), {"strict": float(strict), "lenient": float(lenient),
+                                            "parsable": float(value is not None)})

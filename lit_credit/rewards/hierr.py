@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lit_credit.rewards.judges import RubricJudge, SummaryJudge
+from lit_credit.types import RewardResult
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 DEFAULT_WEIGHTS: dict[str, float] = {
@@ -502,12 +503,14 @@ class HierRReward:
     ``score = omission_score`` (-0.5) and every component, ``process`` and ``summary`` are 0 (the judge is
     not called; the estimator replaces the summary score by ``score`` anyway).
 
-    Diagnostics (floats): ``tool_tag`` (1 when the text holds any ``<tool_call>``/``</tool_call>`` tag),
-    ``valid_call`` (1 when it holds a valid block), ``no_tool_response``, ``gold_steps`` (the number of gold
-    steps; 0 on a no-call prompt). Per turn (lists, one entry per tool turn: every reply but the last, the
-    SLCA segment rule; the rollout batch pads them into [B, K]): ``tool_scores`` (each turn's process score
-    against its gold step, :func:`tool_turn_scores`), ``tool_turn_mask`` (1 per tool turn) and
-    ``tool_exact``. :meth:`turn_score` scores one alternative turn the same way.
+    Returns a :class:`~lit_credit.types.RewardResult`: ``score``; ``parts`` (floats): the five components,
+    ``process``, ``summary``, ``should_call_but_no_call``, ``judge_failed`` and the diagnostics ``tool_tag``
+    (1 when the text holds any ``<tool_call>``/``</tool_call>`` tag), ``valid_call`` (1 when it holds a valid
+    block), ``no_tool_response``, ``gold_steps`` (the number of gold steps; 0 on a no-call prompt); ``turns``
+    (lists, one entry per tool turn: every reply but the last, the SLCA segment rule; the rollout batch pads
+    them into ``turn_parts`` [B, K]): ``tool_scores`` (each turn's process score against its gold step,
+    :func:`tool_turn_scores`), ``tool_turn_mask`` (1 per tool turn) and ``tool_exact``. :meth:`turn_score`
+    scores one alternative turn the same way; :attr:`part_weights` are ``w_process`` and ``w_summary``.
 
     ``replies`` given as one str (not a list) is a caller error, a ``ValueError``; it would otherwise be read
     as one reply per character.
@@ -526,7 +529,7 @@ class HierRReward:
 
     def __call__(self, row: dict[str, Any], replies: list[str],
                  tool_responses: Sequence[str] | None = None,
-                 turn_scores: Sequence[float | None] | None = None) -> dict[str, float]:
+                 turn_scores: Sequence[float | None] | None = None) -> RewardResult:
         if isinstance(replies, str):
             raise ValueError("replies must be a list of reply strings, one per assistant turn, got one str; "
                              "fix: pass [text]")
@@ -549,12 +552,21 @@ class HierRReward:
         turns = tool_turn_scores(replies[:-1], gold, allowed, self.weights)
         if missing:
             turns = [dict.fromkeys(t, 0.0) for t in turns]
-        return {"score": score, **parts, "summary": summary, "should_call_but_no_call": float(omitted),
-                "judge_failed": float(failed), "no_tool_response": float(not any(_present(r) for r in responses)),
-                "tool_tag": float(parsed.n_open + parsed.n_close > 0), "valid_call": float(parsed.n_valid > 0),
-                "gold_steps": float(len(gold)),
-                "tool_scores": [t["process"] for t in turns], "tool_turn_mask": [1.0] * len(turns),
-                "tool_exact": [t["exact"] for t in turns]}
+        return RewardResult(
+            score,
+            parts={**parts, "summary": summary, "should_call_but_no_call": float(omitted),
+                   "judge_failed": float(failed),
+                   "no_tool_response": float(not any(_present(r) for r in responses)),
+                   "tool_tag": float(parsed.n_open + parsed.n_close > 0),
+                   "valid_call": float(parsed.n_valid > 0), "gold_steps": float(len(gold))},
+            turns={"tool_scores": [t["process"] for t in turns], "tool_turn_mask": [1.0] * len(turns),
+                   "tool_exact": [t["exact"] for t in turns]})
+
+    @property
+    def part_weights(self) -> dict[str, float]:
+        """The weight of each part in ``score = w_process * process + w_summary * summary``: what SLCA's
+        segment weights follow by default (``batch.reward_weights``)."""
+        return {"process": self.w_process, "summary": self.w_summary}
 
     @staticmethod
     def real_responses(text: str, called: bool, tool_responses: Sequence[str] | None) -> list[str]:

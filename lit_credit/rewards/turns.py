@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from lit_credit.types import RewardResult
+
 
 class FinalTurnReward:
     """``score`` = the verifier score of the last turn (the outcome the episode ended with).
@@ -17,9 +19,10 @@ class FinalTurnReward:
     """
 
     def __call__(self, row: dict[str, Any], replies: list[str], tool_responses: Sequence[str] | None = None,
-                 turn_scores: Sequence[float | None] | None = None) -> dict[str, float]:
+                 turn_scores: Sequence[float | None] | None = None) -> RewardResult:
         if not turn_scores:
             raise ValueError("reward=final_turn needs per-turn verifier scores: use it with a task whose "
                              "environment scores every turn (task=math_revise or task=code_revise)")
         scores = [float(s or 0.0) for s in turn_scores]
-        return {"score": scores[-1], "best": max(scores), "first": scores[0], "turns": float(len(scores))}
+        return RewardResult(scores[-1], {"best": max(scores), "first": scores[0],
+                                         "turns": float(len(scores))})

@@ -1,36 +1,14 @@
-"""The RolloutEngine protocol and the HF ``generate`` engine."""
+"""The HF ``generate`` engine (the :class:`~lit_credit.interfaces.RolloutEngine` protocol is in
+lit_credit.interfaces)."""
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
+from lit_credit.interfaces import RolloutEngine
 from lit_credit.models.logprobs import picked_logprobs_
 from lit_credit.types import Completion, SamplingParams
-
-
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """Samples continuations of token prompts with behaviour log-probs.
-
-    ``bind`` hands the engine the trainer's policy once; ``update_weights`` is called after every
-    optimiser step (the engine must then sample from the new weights); ``sleep``/``wake`` free and
-    restore engine memory between rollout phases (no-ops where meaningless). An engine whose
-    ``enable_sleep_mode`` attribute is true is put to sleep once a training step's generation is done
-    (``RolloutDataModule.release``) and woken before the new weights are pushed (``sync_weights``): per step
-    ``generate``, ``sleep``, the policy update, ``wake``, ``update_weights``. Without that attribute (HFEngine,
-    which samples from the trainer's own policy) ``sleep``/``wake`` are never called.
-    """
-
-    def bind(self, model: torch.nn.Module, tokenizer: Any) -> None: ...
-
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]: ...
-
-    def update_weights(self, model: torch.nn.Module) -> None: ...
-
-    def sleep(self) -> None: ...
-
-    def wake(self) -> None: ...
 
 
 class HFEngine:
@@ -114,3 +92,6 @@ class HFEngine:
                           if any(s in tok.decode(tokens[:k], skip_special_tokens=True) for s in stop))
             text, reason = tok.decode(tokens[:length], skip_special_tokens=True), "stop"
         return Completion(tokens[:length], logprobs[:length], text, reason)
+
+
+__all__ = ["HFEngine", "RolloutEngine"]

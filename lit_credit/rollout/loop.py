@@ -11,10 +11,9 @@ from typing import Any
 import torch
 
 from lit_credit.backends import BackendFailure, Retry, count
+from lit_credit.interfaces import Environment, RolloutEngine
 from lit_credit.models.chat import ChatCodec
-from lit_credit.rollout.engine import RolloutEngine
-from lit_credit.tasks.base import Environment, Feedback
-from lit_credit.types import Completion, RolloutBatch, SamplingParams
+from lit_credit.types import Completion, Feedback, RewardResult, RolloutBatch, SamplingParams
 
 
 @dataclass
@@ -113,21 +112,24 @@ def run_episodes(engine: RolloutEngine, codec: ChatCodec, env: Environment, rows
     return episodes
 
 
-def _stack_part(values: list[float | list[float] | None], num_turns: int) -> torch.Tensor:
-    """Floats -> [B]; per-turn lists -> [B, K] right-padded with 0 (K: the batch's turns, or the longest list).
-    A missing value (None: that episode's reward failed) is 0, or an empty list."""
-    if not any(isinstance(v, (list, tuple)) for v in values):
-        return torch.tensor([float(v or 0.0) for v in values])
+def _stack(values: list[float | None]) -> torch.Tensor:
+    """One part's floats -> [B]; a missing value (that episode's reward failed) is 0."""
+    return torch.tensor([float(v or 0.0) for v in values])
+
+
+def _stack_turns(values: list[list[float] | None], num_turns: int) -> torch.Tensor:
+    """One per-turn part's lists -> [B, K] right-padded with 0 (K: the batch's turns, or the longest list); a
+    missing list (that episode's reward failed) is empty."""
     values = [v or [] for v in values]
     width = max(num_turns, *(len(v) for v in values))
     return torch.tensor([[float(x) for x in v] + [0.0] * (width - len(v)) for v in values])
 
 
-def to_batch(episodes: list[Episode], rewards: list[dict[str, float]], pad_id: int,
+def to_batch(episodes: list[Episode], rewards: list[RewardResult], pad_id: int,
              temperature: float = 1.0) -> RolloutBatch:
-    """Right-pad episodes into a RolloutBatch; ``rewards[i]`` holds episode i's parts (``score`` required;
-    per-turn list parts become [B, K] tensors, see :func:`_stack_part`); ``temperature``: what they were
-    sampled at."""
+    """Right-pad episodes into a RolloutBatch; ``rewards[i]`` is episode i's reward: its ``parts`` become
+    ``reward_parts`` ([B]), its ``turns`` ``turn_parts`` ([B, K], :func:`_stack_turns`), its ``extras`` the
+    metadata's ``reward_extras``; ``temperature``: what they were sampled at."""
     width = max(len(e.token_ids) for e in episodes)
 
     def pad(key: str, value: float, dtype: torch.dtype) -> torch.Tensor:
@@ -142,8 +144,9 @@ def to_batch(episodes: list[Episode], rewards: list[dict[str, float]], pad_id: i
     if any(s is not None for e in episodes for s in e.turn_scores):
         turn_scores = torch.tensor([[float(e.turn_scores[k] or 0.0) if k < len(e.turn_scores) else 0.0
                                      for k in range(num_turns)] for e in episodes])
-    keys = dict.fromkeys(k for r in rewards for k in r if k != "score")
-    parts = {k: _stack_part([r.get(k) for r in rewards], num_turns) for k in keys}
+    parts = {k: _stack([r.parts.get(k) for r in rewards]) for k in dict.fromkeys(k for r in rewards for k in r.parts)}
+    turns = {k: _stack_turns([r.turns.get(k) for r in rewards], num_turns)
+             for k in dict.fromkeys(k for r in rewards for k in r.turns)}
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -151,11 +154,12 @@ def to_batch(episodes: list[Episode], rewards: list[dict[str, float]], pad_id: i
         turn_ids=pad("turn_ids", -1, torch.long),
         group_ids=torch.tensor([e.group for e in episodes], dtype=torch.long),
         behaviour_logprobs=pad("logprobs", 0.0, torch.float),
-        scores=torch.tensor([float(r["score"]) for r in rewards]),
+        scores=torch.tensor([float(r.score) for r in rewards]),
         reward_parts=parts,
+        turn_parts=turns,
         turn_scores=turn_scores,
         turn_mask=turn_mask,
-        metadata=[{"id": e.row.get("id"), "replies": e.replies, "finish": e.finish_reasons, "row": e.row}
-                  for e in episodes],
+        metadata=[{"id": e.row.get("id"), "replies": e.replies, "finish": e.finish_reasons, "row": e.row,
+                   **({"reward_extras": r.extras} if r.extras else {})} for e, r in zip(episodes, rewards)],
         temperature=temperature,
     )

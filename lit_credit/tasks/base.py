@@ -2,28 +2,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import datasets
 
-
-@dataclass
-class Feedback:
-    """The environment's answer to one assistant turn.
-
-    done: the episode ends here. messages: chat messages to inject (tool responses, verifier feedback);
-    they are tokenised with response mask 0. score: a per-turn verifier score in [0, 1], if any.
-    """
-
-    done: bool
-    messages: list[dict[str, str]] = field(default_factory=list)
-    score: float | None = None
-    info: dict[str, Any] = field(default_factory=dict)
+from lit_credit.interfaces import Environment
+from lit_credit.types import Feedback
 
 
-class Environment:
-    """Answers each assistant turn. The default is single-turn: the first reply ends the episode."""
+class SingleTurnEnvironment(Environment):
+    """The default environment: the first reply ends the episode."""
 
     max_turns: int = 1
 
@@ -44,7 +32,7 @@ class Task:
         raise NotImplementedError
 
     def environment(self) -> Environment:
-        return Environment()
+        return SingleTurnEnvironment()
 
     def demonstrations(self, num: int, seed: int) -> Iterable[dict[str, Any]]:
         """Gold conversations: dicts with ``messages`` (prompt + gold assistant turns) and optional ``tools``."""

@@ -50,7 +50,7 @@ def sweep(tmp_path_factory, cache_dir):
         module, datamodule, trainer = build(cfg)
         if engine is not None:
             datamodule.setup("fit")
-            datamodule.engine = engine([*datamodule.train_set, *datamodule.val_set])
+            datamodule.experience.engine = engine([*datamodule.train_set, *datamodule.val_set])
         trainer.fit(module, datamodule=datamodule)
         (run / ".hydra").mkdir(exist_ok=True)
         (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"credit={label}", "seed=0"]))

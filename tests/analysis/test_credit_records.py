@@ -22,10 +22,11 @@ def tool_batch():
     """Two rollouts of one group: [prompt, tool turn (2 tokens), response, summary (1 token)] and a rollout
     that answered directly: [prompt, summary (3 tokens)]."""
     turn_ids = torch.tensor([[-1, 0, 0, -1, 1], [-1, 0, 0, 0, -1]])
-    parts = {"process": torch.tensor([0.9, 0.5]), "summary": torch.tensor([0.25, 0.75]),
-             "tool_scores": torch.tensor([[1.0, 0.0], [0.0, 0.0]]), "tool_turn_mask": torch.tensor([[1.0, 0.0], [0, 0]])}
+    parts = {"process": torch.tensor([0.9, 0.5]), "summary": torch.tensor([0.25, 0.75])}
+    turns = {"tool_scores": torch.tensor([[1.0, 0.0], [0.0, 0.0]]),
+             "tool_turn_mask": torch.tensor([[1.0, 0.0], [0, 0]])}
     batch = make_batch((turn_ids >= 0).float(), torch.tensor([7, 7]), torch.tensor([1.15, 1.25]), turn_ids=turn_ids,
-                       reward_parts=parts)
+                       reward_parts=parts, turn_parts=turns)
     batch.metadata = [{"replies": ["<tool_call>{...}</tool_call>", "It is sunny."]}, {"replies": ["Paris."]}]
     return batch
 
@@ -44,7 +45,22 @@ def test_records_one_row_per_rollout_and_turn_by_hand():
     assert math.isnan(df["turn_score"].iloc[1]) and df["case"].tolist() == ["", "", ""]
     assert df["excerpt"].tolist() == ["<tool_call", "It is sunn", "Paris."]
     assert (df["step"] == 3).all() and (df["method"] == "slca").all() and (df["group"] == 7).all()
-    assert df["reward/summary"].tolist() == [0.25, 0.25, 0.75] and "reward/tool_scores" not in df
+    assert df["reward/summary"].tolist() == [0.25, 0.25, 0.75]
+    assert not any(c.startswith("extra/") or c == "reward/tool_scores" for c in df)  # no extras nor turn lists
+
+
+def test_extras_are_written_as_extras_never_as_reward_parts():
+    # A DPA approver batch: the rarity weight and the REVISE bonus are batch.extras ([B]), not rewards; TCPO's
+    # [B, K, M] alternatives are not one value per rollout and are not written.
+    turn_ids = torch.tensor([[-1, 0], [-1, 0]])
+    extras = {"weight": torch.tensor([2.0, 0.5]), "adv_bonus": torch.tensor([0.0, 0.5]),
+              "alt_scores": torch.zeros(2, 1, 3)}
+    batch = make_batch((turn_ids >= 0).float(), torch.tensor([0, 0]), torch.tensor([1.0, -0.25]),
+                       turn_ids=turn_ids, extras=extras)
+    adv = torch.tensor([[0.0, 1.0], [0.0, -1.0]])
+    df = credit_records(CreditTrace("approver", batch, adv), step=1, method="dpa")
+    assert df["extra/weight"].tolist() == [2.0, 0.5] and df["extra/adv_bonus"].tolist() == [0.0, 0.5]
+    assert not any(c.startswith("reward/") for c in df) and "extra/alt_scores" not in df
 
 
 def test_dpa_cases_and_non_tool_tasks():

@@ -15,7 +15,7 @@ def toy_batch() -> RolloutBatch:
 
     Tokens: [prompt, turn 0 (tool call), tool response, turn 1 (summary), pad] -> mask [0, 1, 0, 1, 0].
     """
-    B = 4
+    B, nan = 4, float("nan")
     mask = torch.tensor([[0, 1, 0, 1, 0]] * B, dtype=torch.float32)
     turn_ids = torch.tensor([[-1, 0, -1, 1, -1]] * B)
     turn_scores = torch.tensor([[0.0, 1.0], [0.5, 0.5], [1.0, 1.0], [0.0, 0.0]])
@@ -27,8 +27,14 @@ def toy_batch() -> RolloutBatch:
         reward_parts={
             "process": torch.tensor([0.8, 0.4, 0.2, 0.6]),
             "summary": torch.tensor([0.9, 0.5, 0.1, 0.3]),
+        },
+        turn_parts={
             "tool_scores": torch.tensor([[0.8, 0.0], [0.4, 0.0], [0.2, 0.0], [0.6, 0.0]]),  # turn 0 is a tool turn
             "tool_turn_mask": torch.tensor([[1.0, 0.0]] * B),
+        },
+        extras={  # TCPO's counterfactuals: two alternatives of turn 0 of each rollout, none of turn 1
+            "alt_scores": torch.tensor([[[0.5, 1.0], [nan, nan]]] * B),
+            "cf_mask": torch.tensor([[True, False]] * B),
         },
         turn_scores=turn_scores,
         turn_mask=torch.ones(B, 2, dtype=torch.bool),

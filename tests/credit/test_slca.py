@@ -1,5 +1,7 @@
 """SLCA-GRPO segment credit and the ToolPO baseline (docs/methods.md §1)."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
@@ -263,6 +265,24 @@ def test_registered_classes_read_reward_parts():
     )
     want = toolpo_advantages(process, process + summary, mask, ids([1, 1, 1]), lam=0.3)
     torch.testing.assert_close(ToolPOCredit(lam=0.3)(batch).advantages, want.advantages)
+
+
+def test_segment_weights_none_follow_the_reward_weights():
+    # The anchor (tool [0.8, 0.4], summary [0.9, 0.5], one group): Norm = +-0.2 / (std + eps), std =
+    # sqrt(0.08) (unbiased, two rollouts) -> a = 0.2 / (0.28284271 + 1e-6) = 0.70710428. The reward weighs
+    # process 2 and summary 0.5 (batch.reward_weights, HierR's part_weights); w_process = w_summary = None
+    # reads them: tool +-2a, summary +-0.5a. A set weight wins: w_summary = 3 -> summary +-3a, tool still +-2a.
+    mask = t([[1, 0, 1]] * 2, torch.float32)
+    batch = _batch(t([0.8, 0.4]), t([0.9, 0.5]), mask, ids([0, 0]))
+    a = 0.2 / (math.sqrt(0.08) + 1e-6)
+    assert SLCACredit().w_process is None and SLCACredit().w_summary is None
+    # a reward without part weights: 1 and 1
+    torch.testing.assert_close(SLCACredit()(batch).advantages, t([[a, 0, a], [-a, 0, -a]]), rtol=0, atol=1e-6)
+    batch.reward_weights = {"process": 2.0, "summary": 0.5}
+    torch.testing.assert_close(SLCACredit()(batch).advantages,
+                               t([[2 * a, 0, 0.5 * a], [-2 * a, 0, -0.5 * a]]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(SLCACredit(w_summary=3.0)(batch).advantages,
+                               t([[2 * a, 0, 3 * a], [-2 * a, 0, -3 * a]]), rtol=0, atol=1e-6)
 
 
 # --- loop reference vs vectorised ---------------------------------------------------------------------

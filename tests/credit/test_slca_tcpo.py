@@ -2,6 +2,7 @@
 reduction."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -155,19 +156,60 @@ def test_one_tool_turn_and_turn_credit_off_is_slca_exactly(layout_, data):
     torch.testing.assert_close(both.parts["summary"], slca.parts["summary"], rtol=0, atol=0)
 
 
-def test_estimator_reads_the_reward_parts_and_is_registered():
-    tool_turns = [2, 1]
+def tool_batch(tool_turns, scores, summary, **fields):
+    """A batch of ``tool_turns[i]`` tool turns then a summary per rollout (one group), its per-turn tool
+    scores in ``turn_parts`` and its summary scores in ``reward_parts``."""
     mask, turn_ids = layout(tool_turns)
-    parts = {"tool_scores": t([[1.0, 0.5], [0.5, 0.0]]), "tool_turn_mask": turn_mask(tool_turns, 2).double(),
-             "summary": t([0.5, 0.8]), "should_call_but_no_call": t([0.0, 0.0])}
-    batch = make_batch(mask.double(), ids([0, 0]), t([1.0, 1.0]), turn_ids=turn_ids, reward_parts=parts)
+    turns = {"tool_scores": t(scores), "tool_turn_mask": turn_mask(tool_turns, len(scores[0])).double()}
+    return make_batch(mask.double(), ids([0] * len(tool_turns)), t([1.0] * len(tool_turns)), turn_ids=turn_ids,
+                      reward_parts={"summary": t(summary), **fields.pop("parts", {})}, turn_parts=turns, **fields)
+
+
+def test_estimator_reads_the_turn_parts_and_is_registered():
+    batch = tool_batch([2, 1], [[1.0, 0.5], [0.5, 0.0]], [0.5, 0.8], parts={"should_call_but_no_call": t([0, 0])})
     credit = get("slca_tcpo")()
-    assert isinstance(credit, SLCATCPOCredit) and credit.preset == "retro_hindsight" and not credit.uses_counterfactual
-    direct = slca_tcpo_advantages(parts["tool_scores"], parts["tool_turn_mask"], parts["summary"], mask.double(),
-                                  turn_ids, ids([0, 0]), score_total=t([1.0, 1.0]), should_call_but_no_call=t([0.0, 0.0]))
+    assert isinstance(credit, SLCATCPOCredit) and credit.preset == "retro_hindsight" and not credit.needs
+    turns, parts = batch.turn_parts, batch.reward_parts
+    direct = slca_tcpo_advantages(turns["tool_scores"], turns["tool_turn_mask"], parts["summary"],
+                                  batch.response_mask, batch.turn_ids, batch.group_ids, score_total=t([1.0, 1.0]),
+                                  should_call_but_no_call=t([0.0, 0.0]))
     torch.testing.assert_close(credit(batch).advantages, direct.advantages)
-    assert SLCATCPOCredit(preset="tcpo").uses_counterfactual
-    with pytest.raises(ValueError, match="tool_scores"):
-        credit(make_batch(mask.double(), ids([0, 0]), t([1.0, 1.0]), turn_ids=turn_ids, reward_parts={"summary": t([0, 0])}))
+    credit.note = "a new attribute"  # attributes are not forwarded as keyword arguments
+    torch.testing.assert_close(credit(batch).advantages, direct.advantages)
     with pytest.raises(ValueError, match="unknown preset"):
         SLCATCPOCredit(preset="segment")
+
+
+def test_missing_turn_parts_and_extras_name_the_field_and_the_fix():
+    batch = tool_batch([1, 1], [[1.0], [0.5]], [0.0, 0.0])
+    old_layout = replace(batch, turn_parts={}, reward_parts={**batch.reward_parts, **batch.turn_parts})
+    with pytest.raises(ValueError, match=r"credit=slca_tcpo needs batch\.turn_parts\['tool_scores'\], "
+                                         r"batch\.turn_parts\['tool_turn_mask'\] \(batch\.turn_parts has \[\]\); "
+                                         r"fix: use reward=hierr on a tool task"):
+        SLCATCPOCredit()(old_layout)  # per-turn lists as reward parts: not read
+    counterfactual = SLCATCPOCredit(preset="tcpo")
+    assert counterfactual.needs == {"alt_scores", "cf_mask"} and not SLCATCPOCredit(preset="tcpo", w_cf=0.0).needs
+    with pytest.raises(ValueError, match=r"needs batch\.extras\['alt_scores'\], batch\.extras\['cf_mask'\] "
+                                         r"\(batch\.extras has \[\]\); fix: augment=counterfactual_tool"):
+        counterfactual(batch)
+    # with them: the function's result given the extras (r0 turn 0: r = 1, alternatives' mean 0.5 -> cf 0.5)
+    batch.extras = {"alt_scores": t([[[1.0, 0.0]], [[float("nan"), float("nan")]]]),
+                    "cf_mask": torch.tensor([[True], [False]])}
+    direct = slca_tcpo_advantages(batch.turn_parts["tool_scores"], batch.turn_parts["tool_turn_mask"], t([0, 0]),
+                                  batch.response_mask, batch.turn_ids, batch.group_ids, score_total=t([1.0, 1.0]),
+                                  preset="tcpo", alt_scores=batch.extras["alt_scores"],
+                                  cf_mask=batch.extras["cf_mask"])
+    torch.testing.assert_close(counterfactual(batch).advantages, direct.advantages)
+
+
+def test_segment_weights_follow_the_reward_unless_set():
+    # One tool turn each, preset trajectory: A_turn = w_process * Norm([1, 0]) = w_process * (+-0.5 /
+    # (sqrt(0.5) + eps)), A_sum = w_summary * Norm([0.9, 0.1]) = w_summary * (+-0.4 / (sqrt(0.32) + eps)).
+    batch = tool_batch([1, 1], [[1.0], [0.0]], [0.9, 0.1], reward_weights={"process": 0.5, "summary": 2.0})
+    a, b = 0.5 / (math.sqrt(0.5) + EPS), 0.4 / (math.sqrt(0.32) + EPS)
+    out = SLCATCPOCredit(preset="trajectory")(batch)  # None: the reward's 0.5 and 2.0
+    torch.testing.assert_close(out.parts["turn"], t([[0.5 * a], [-0.5 * a]]))
+    torch.testing.assert_close(out.parts["summary"], t([2.0 * b, -2.0 * b]))
+    out = SLCATCPOCredit(preset="trajectory", w_process=1.0)(batch)  # set: the reward's weight is not read
+    torch.testing.assert_close(out.parts["turn"], t([[a], [-a]]))
+    torch.testing.assert_close(out.parts["summary"], t([2.0 * b, -2.0 * b]))

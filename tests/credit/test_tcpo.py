@@ -261,13 +261,13 @@ def test_turns_to_tokens_and_types():
     assert turn_types(t([[0.5, 0.4]]), bools([[M, _]])).tolist() == [[1, -1]]
 
 
-def _batch(scores, mask, gids, turn_ids, **parts):
+def _batch(scores, mask, gids, turn_ids, **extras):
     return make_batch(
         (turn_ids >= 0).float(),
         gids,
         scores.amax(1),
         turn_ids=turn_ids,
-        reward_parts=parts,
+        extras=extras,
         turn_scores=scores,
         turn_mask=mask,
     )
@@ -288,12 +288,14 @@ def test_registered_class():
     )
     assert out.metrics["credit/turn_type/maintain/adv_mean"] == pytest.approx(0.1 / 0.55, abs=1e-5)
     assert out.metrics["credit/turn/1/adv_mean"] == pytest.approx(1.1 / 2 / 0.55, abs=1e-5)
-    # alternatives come from reward_parts
-    alt = t([[[0.0], [NAN]], [[NAN], [NAN]]])
-    with_cf = TCPOCredit(normalize="none")(_batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids, alt_scores=alt))
+    # alternatives come from batch.extras (an augmenter's), here of A's turn 0
+    alt, chosen = t([[[0.0], [NAN]], [[NAN], [NAN]]]), bools([[M, _], [_, _]])
+    with_cf = TCPOCredit(normalize="none")(_batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids, alt_scores=alt,
+                                                  cf_mask=chosen))
     torch.testing.assert_close(with_cf.parts["turn"], t([[0, 1], [1, 0.1]]))  # cf of A turn 0 = 0 - 0 = 0
     alt[0, 0, 0] = -1.0
-    with_cf = TCPOCredit(normalize="none")(_batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids, alt_scores=alt))
+    with_cf = TCPOCredit(normalize="none")(_batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids, alt_scores=alt,
+                                                  cf_mask=chosen))
     torch.testing.assert_close(with_cf.parts["turn"], t([[1, 1], [1, 0.1]]))  # cf = 0 - (-1) = 1
     masked = _batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids, alt_scores=alt, cf_mask=bools([[_, _], [_, _]]))
     torch.testing.assert_close(TCPOCredit(normalize="none")(masked).parts["turn"], t([[0, 1], [1, 0.1]]))
@@ -478,3 +480,25 @@ def test_turn_type_shares_after_success():
     # The stopped episodes of the same problems have no maintain or regress turn at all.
     stopped = TCPOCredit(preset="retro")(_batch(t(STOPPED), bools(STOPPED_MASK), ids([0] * 4), turn_ids)).metrics
     assert stopped["credit/turn_type/maintain/frac"] == stopped["credit/turn_type/regress/frac"] == 0.0
+
+
+def test_needs_the_counterfactuals_only_when_they_count():
+    # preset tcpo with w_cf != 0 reads alt_scores and cf_mask (an augmenter adds them); every other preset,
+    # or w_cf = 0, reads none and ignores any given
+    assert TCPOCredit().needs == {"alt_scores", "cf_mask"}
+    assert TCPOCredit(w_cf=0.0).needs == TCPOCredit(preset="retro_hindsight").needs == frozenset()
+    turn_ids = torch.tensor([[-1, 0, -1, 1, 1], [-1, 0, -1, 1, -1]])
+    plain = _batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids)
+    with pytest.raises(ValueError, match=r"credit=tcpo needs batch\.extras\['alt_scores'\], "
+                                         r"batch\.extras\['cf_mask'\] \(batch\.extras has \[\]\); "
+                                         r"fix: augment=counterfactual"):
+        TCPOCredit()(plain)
+    alt_only = _batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids, alt_scores=t([[[0.0], [NAN]], [[NAN], [NAN]]]))
+    with pytest.raises(ValueError, match=r"needs batch\.extras\['cf_mask'\] \(batch\.extras has \['alt_scores'\]\)"):
+        TCPOCredit()(alt_only)
+    # w_cf = 0: the retro_hindsight result, alternatives or not
+    want = TCPOCredit(preset="retro_hindsight")(plain).advantages
+    torch.testing.assert_close(TCPOCredit(w_cf=0.0)(plain).advantages, want, rtol=0, atol=0)
+    some = _batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids, alt_scores=t([[[-1.0], [NAN]], [[NAN], [NAN]]]),
+                  cf_mask=bools([[M, _], [_, _]]))
+    torch.testing.assert_close(TCPOCredit(w_cf=0.0)(some).advantages, want, rtol=0, atol=0)

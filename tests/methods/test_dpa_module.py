@@ -1,8 +1,9 @@
-"""DPA-GRPO (docs/methods.md §3): the loss by hand, LoRA roles and reference, and one scripted game end to
-end.
+"""DPA-GRPO's module (docs/methods.md §3): the loss by hand, LoRA roles and reference, the role batches' weight
+and advantage bonus in the loss, and scripted rounds end to end (adapters, optimisers, losses, logging).
 
-The game test drives the real module, Trainer, tokenizer and LoRA policy with a scripted engine (a unit-test
-stand-in: every role's reply is fixed by the script below), so every reward, case and group is known.
+The game's rules (rewards, cases, shown revision, exploration) are tested on their own, with a scripted actor and
+no Trainer, in tests/tasks/test_form_game.py. The rounds here drive the real module, Trainer, tokenizer and LoRA
+policy with a scripted engine (a unit-test stand-in: every role's reply is fixed by the script below).
 """
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from peft import LoraConfig
 
+from lit_credit.checkpoint import capture_rng
 from lit_credit.credit import GRPOCredit
 from lit_credit.losses import PolicyLoss, ReinforceSurrogate
-from lit_credit.methods import DPAGRPOModule, GRPOModule
+from lit_credit.methods import DPAGRPOModule, GRPOModule, PolicyModule
 from lit_credit.models import PolicySource, token_logprobs
 from lit_credit.rewards import CASES
+from lit_credit.rollout import ChatCodec
+from lit_credit.rollout.roles import role_batch
 from lit_credit.tasks.form import INSTRUCTIONS, action_text, challenge_text
+from lit_credit.tasks.form_game import FormGame, RoleActions, decision_action
 from lit_credit.train import build
 from lit_credit.types import Completion
 
@@ -51,7 +56,7 @@ def test_dpa_loss_by_hand():
 
 @pytest.fixture
 def base_dir(make_cfg):
-    return instantiate(make_cfg().model).resolve()
+    return instantiate(make_cfg().model).prepare()
 
 
 def test_lora_policy_reference_is_the_base_with_adapters_disabled(base_dir):
@@ -126,185 +131,153 @@ def script(role, row, x):
 
 @pytest.fixture
 def scripted_run(make_cfg):
+    """A short run on the scripted engine: (module, engine, the first round's game record, its role batches, the
+    weights before, trainer)."""
     def run(*overrides, script_fn=None):
         cfg = make_cfg(*SMALL, *overrides, fast_task=False)
         module, datamodule, trainer = build(cfg)
         datamodule.setup("fit")
-        datamodule.engine = ScriptedEngine([*datamodule.train_set, *datamodule.val_set], script_fn)
-        games = []
-        play = module.play
-        module.play = lambda *a, **k: games.append(play(*a, **k)) or games[-1]
+        datamodule.experience.engine = ScriptedEngine([*datamodule.train_set, *datamodule.val_set], script_fn)
+        records, batches = [], []
+        play, role_batches = module.game.play, module.role_batches
+        module.game.play = lambda *a, **k: records.append(play(*a, **k)) or records[-1]
+        module.role_batches = lambda *a: batches.append(role_batches(*a)) or batches[-1]
         lora = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
         trainer.fit(module, datamodule=datamodule)
-        return module, datamodule.engine, games[0], lora, trainer
+        return module, datamodule.experience.engine, records[0], batches[0], lora, trainer
 
     return run
 
 
-NO_EXPLORE = "method.explore_revise=0"  # the scripted tests below fix every decision (exploration has its own test)
+NO_EXPLORE = "game.explore_revise=0"  # the scripted runs below fix every decision (the game's tests cover exploration)
 
 
-def by_case(game, batch, width=2):
+def by_case(record, batch, width=2):
     """{case: the batch's scores of that decision} (the loader's line order is random)."""
-    return {CASES[int(game.cases[g])]: [round(r, 6) for r in s] for g, s in
+    return {CASES[int(record.cases[g])]: [round(r, 6) for r in s] for g, s in
             zip(batch.group_ids[::width].tolist(), batch.scores.view(-1, width).tolist())}
 
 
-def test_scripted_game_rewards_cases_and_updates(scripted_run):
-    module, engine, game, before, trainer = scripted_run(NO_EXPLORE)
-    x_right = game.x_correct.tolist()
-    assert x_right == [True, False, True, False]  # proposals: gold, gold + 1 for each of the 2 lines
-    # The loader's order of the two lines is random; the cases are therefore compared as a set.
-    assert sorted(CASES[c] for c in game.cases.tolist()) == ["1", "2", "5a", "6a"]
-    # Verifier pairs (SAC, NS) for all 4 decisions (every x parsable): right x -> (0, 1), wrong x -> (1, 0).
-    pairs = game.verifier.scores.view(-1, 2)
-    assert pairs.tolist() == [[0.0, 1.0] if r else [1.0, 0.0] for r in x_right]
-    # Approver pairs (KEEP, REVISE), one per challenged decision, from the approver table (alpha .5, cave .2, miss .3):
-    # 1a wrong, shown z right (gold_first picks revision 2 of [n/a, gold+7, gold, gold, n/a]): (-miss, 1 + alpha)
-    # = (-0.3, 1.5); 15 right, no parsable revision: (1, -0.25); 15 wrong, z wrong: (1, alpha * 0) = (1, 0).
-    # The REVISE bonus: REVISE share 2/3 >= target 0.3 -> 1.5 * max(0.3 - 2/3, 0) = 0.
-    assert by_case(game, game.approver) == {"5a": [-0.3, 1.5], "2": [1.0, -0.25], "6a": [1.0, 0.0]}
-    assert game.counts["revise_bonus"] == 0.0
-    # Rarity over the challenged decisions by official case id: 5a -> 5, 2 -> 2, 6a -> 6, one each: mean 1 -> 1 each.
-    assert game.approver.reward_parts["weight"].tolist() == [1.0] * 6
-    assert "weight" not in game.verifier.reward_parts and "weight" not in game.revisions.reward_parts
-    # The reviser's paired update (keep text x, revise text the shown z) on the challenged decisions with a parsable
-    # z (15 right has none: skipped): x wrong -> keep 1[x right] + 0.5 S_x = 0, revise 1[x wrong] + 0.5 S_z:
-    # 1a (z right) 1.5, 15 (z = x, wrong) 1.0. Pair advantages: revise text +1, keep text -1 on both.
-    assert game.revisions_paired and by_case(game, game.revisions) == {"5a": [0.0, 1.5], "6a": [0.0, 1.0]}
-    assert module.credit(game.revisions).parts["rollout"].tolist() == pytest.approx([-1.0, 1.0] * 2, abs=1e-6)
-    # The pair's actions as the reviser emits them: keep = x (gold + 1) and end of turn, revise = the shown z as sampled.
-    codec, rev = module.rollouts.codec, game.revisions
-    gold = {r["line"]: r["gold"] for r in trainer.datamodule.train_set}
+def test_scripted_round_trains_both_adapters_on_the_role_batches(scripted_run):
+    module, engine, record, batches, before, trainer = scripted_run(NO_EXPLORE)
+    # The round (the game's rules: tests/tasks/test_form_game.py): per line a right and a wrong proposal; cases
+    # 1 (1a right, NS), 5a (1a wrong), 2 (15 right, no parsable revision), 6a (15 wrong, KEEP).
+    assert sorted(CASES[c] for c in record.cases.tolist()) == ["1", "2", "5a", "6a"]
+    verifier, (approver, paired, adapter), revisions = batches["verifier"][0], batches["approver"], batches["revisions"][0]
+    assert list(batches) == ["verifier", "approver", "revisions"] and (paired, adapter) == (True, "generator")
+    assert batches["verifier"][2] == "verifier" and batches["revisions"][2] == "generator"
+    # Role batches from the record: approver pairs from the table, its rarity weight in extras (no reward part).
+    assert by_case(record, approver) == {"5a": [-0.3, 1.5], "2": [1.0, -0.25], "6a": [1.0, 0.0]}
+    assert approver.extras["weight"].tolist() == [1.0] * 6 and "adv_bonus" not in approver.extras
+    assert approver.reward_parts == {} and verifier.extras == {} and revisions.extras == {}
+    # Canonical verifier actions as the role emits them: SAC the decision line and its newline, NS and end of turn.
+    codec, gold = module.experience.codec, {r["line"]: r["gold"] for r in trainer.datamodule.train_set}
+    line = record.actions["verifier"].actions[0].text.split('"')[3]
+    sac, ns = (verifier.input_ids[i][verifier.response_mask[i].bool()].tolist() for i in (0, 1))
+    assert sac == codec.line_ids(action_text(line, "SAC")) and ns == codec.reply_ids(action_text(line, "NS"))
+    # The reviser pair: keep = x (gold + 1) and end of turn, revise = the shown z as sampled; pair credit +-1.
     actions = {}
-    for i in range(len(rev)):
-        actions.setdefault(CASES[int(game.cases[int(rev.group_ids[i])])], []).append(
-            rev.input_ids[i][rev.response_mask[i].bool()].tolist())
+    for i in range(len(revisions)):
+        actions.setdefault(CASES[int(record.cases[int(revisions.group_ids[i])])], []).append(
+            revisions.input_ids[i][revisions.response_mask[i].bool()].tolist())
     assert actions["5a"] == [codec.reply_ids(str(gold["1a"] + 1)), codec.reply_ids(str(gold["1a"]))]
     assert actions["6a"] == [codec.reply_ids(str(gold["15"] + 1))] * 2  # z = x: the pair's gradients cancel
-    # Scored actions and the reviser pair: log-probs at T = 1 (as the official code scores them).
-    assert game.verifier.temperature == game.approver.temperature == game.revisions.temperature == 1.0
+    assert module.credit(revisions).parts["rollout"].tolist() == pytest.approx([-1.0, 1.0] * 2, abs=1e-6)
+    assert verifier.temperature == approver.temperature == revisions.temperature == 1.0  # scored, not sampled
+    # The credited sets of the step, in update order (verifier first; proposals: proposal_weight 0, not trained).
+    assert [t.source for t in module.credit_trace] == ["verifier", "approver", "revisions"]
+    assert module.credit_trace[1].cases.tolist() == record.cases[approver.group_ids].tolist()
+    # Logged: the record's metrics, the proposals' reward, the losses and each optimiser's gradient norm.
     metrics = trainer.callback_metrics
-    # Final values: case 1 x (right), 5a z (right), 2 x (right: no revision to take), 6a x (wrong) -> 3/4.
     assert metrics["train/final/strict"].item() == pytest.approx(0.75)
     assert metrics["train/reward/strict"].item() == pytest.approx(0.5)  # the proposals alone
     assert metrics["train/dpa/sac_rate"].item() == pytest.approx(0.75)
-    assert metrics["train/dpa/revise_rate"].item() == pytest.approx(2 / 3)
-    assert metrics["train/dpa/forced_revise_rate"].item() == 0.0
-    assert metrics["train/dpa/shown_correct"].item() == pytest.approx(1 / 3)  # 1a's shown z; 15's two are not
-    assert metrics["train/dpa/verifier_acc"].item() == pytest.approx(0.75)  # 15-right was challenged
-    assert metrics["train/dpa/unparsable/revision"].item() == pytest.approx(7 / 15)  # 2 + 5 + 0 of 15
-    assert sum(metrics[f"train/dpa/case/{c}"].item() for c in CASES) == pytest.approx(1.0)
-    # Each role sampled with its own adapter; both adapters moved, the base did not.
+    for key in ("loss/verifier", "loss/generator", "loss/kl/verifier", "loss/kl/approver", "loss/kl/revisions",
+                "train/grad_norm/verifier", "train/grad_norm/generator", "train/proposal_logprob", "train/lr"):
+        assert torch.isfinite(metrics[key]), key
+    assert "loss/kl/proposals" not in metrics
+    # Each role sampled with its own adapter; both adapters moved, the base did not; 2 optimiser steps a round.
     assert {role: a for role, a in engine.calls} == {"proposer": "generator", "verifier": "verifier",
                                                      "reviser": "generator", "approver": "generator"}
     after = dict(module.policy.named_parameters())
     moved = {n for n, p in after.items() if not torch.equal(p.detach(), before[n])}
     assert any(".verifier." in n for n in moved) and any(".generator." in n for n in moved)
-    assert all("lora_" in n for n in moved)
+    assert all("lora_" in n for n in moved) and trainer.global_step == 2
 
 
-def test_shown_revision_first_parsable_and_first(scripted_run):
-    # 1a wrong's revisions [n/a, gold+7, gold, gold, n/a]. first_parsable shows gold+7 (wrong): the REVISE is 5b and
-    # the approver pair (1, alpha * 0) = (1, 0); first shows "n/a": no parsable revision, (1, -0.25), and no
-    # reviser pair for 1a (skip_unparsable_revisions).
-    _m, _e, game, _b, _t = scripted_run(NO_EXPLORE, "method.shown_revision=first_parsable")
-    assert by_case(game, game.approver) == {"5b": [1.0, 0.0], "2": [1.0, -0.25], "6a": [1.0, 0.0]}
-    assert by_case(game, game.revisions) == {"5b": [0.0, 1.0], "6a": [0.0, 1.0]}  # revise 1[x wrong] + 0.5 * 0
-    _m, _e, game, _b, _t = scripted_run(NO_EXPLORE, "method.shown_revision=first")
-    assert by_case(game, game.approver) == {"5b": [1.0, -0.25], "2": [1.0, -0.25], "6a": [1.0, 0.0]}
-    assert by_case(game, game.revisions) == {"6a": [0.0, 1.0]}
+def test_group_revisions_get_the_population_std_group_credit(scripted_run):
+    # game.revision_update=group, shown first: the revision group is 1a wrong's parsable revisions [gold+7, gold,
+    # gold] -> S_z [0, 1, 1], scored at revision_temperature, not paired. Population std: mean 2/3, std sqrt(2/9) =
+    # 0.4714045 -> A = [-2/3, 1/3, 1/3] / 0.4714045 = [-1.4142135, 0.7071068, 0.7071068] on each row's tokens.
+    module, _e, _record, batches, _b, _t = scripted_run(NO_EXPLORE, "game.shown_revision=first",
+                                                        "game.revision_update=group")
+    revisions, paired, _adapter = batches["revisions"]
+    assert not paired and revisions.scores.tolist() == [0.0, 1.0, 1.0]
+    assert revisions.temperature == pytest.approx(0.7)
+    trace = next(t for t in module.credit_trace if t.source == "revisions")
+    mask = trace.batch.response_mask
+    per_row = (trace.advantages * mask).sum(1) / mask.sum(1)
+    assert per_row.tolist() == pytest.approx([-1.4142135, 0.7071068, 0.7071068], abs=1e-6)
 
 
-def test_the_later_official_commit_group_revisions(scripted_run):
-    # shown_revision=first, revision_update=group, no approver pair without a parsable shown revision: the approver
-    # trains only on 15 wrong (z = x, wrong: (1, 0)); the revision group is 1a's parsable revisions
-    # [gold+7, gold, gold] -> S_z [0, 1, 1] (15 wrong's all 0: skipped; 15 right's all unparsable: none), scored at
-    # revision_temperature; with the unparsable ones kept: [-0.25, 0, 1, 1, -0.25].
-    args = (NO_EXPLORE, "method.shown_revision=first", "method.revision_update=group",
-            "method.train_approver_without_revision=false")
-    module, _e, game, _b, _t = scripted_run(*args)
-    assert by_case(game, game.approver) == {"6a": [1.0, 0.0]}
-    assert not game.revisions_paired and game.revisions.scores.tolist() == [0.0, 1.0, 1.0]
-    assert game.revisions.temperature == pytest.approx(0.7)
-    # population std: [0, 1, 1] mean 2/3, std sqrt(2/9) = 0.4714045 -> A = [-2/3, 1/3, 1/3] / 0.4714045
-    a = module.group_credit(game.revisions).parts["rollout"]
-    assert a.tolist() == pytest.approx([-1.4142135, 0.7071068, 0.7071068], abs=1e-6)
-    _m, _e, game, _b, _t = scripted_run(*args, "method.skip_unparsable_revisions=false")
-    assert game.revisions.scores.tolist() == [-0.25, 0.0, 1.0, 1.0, -0.25]
+def test_weight_and_advantage_bonus_enter_the_loss(make_cfg):
+    # Two verifier-style pairs scored (1, 0): pair advantages A = +-1 on the action tokens. With the loss
+    # (REINFORCE, seq-mean-token-sum over B = 4 rows) L = (1/B) sum_i w_i (-(A_i + b_i) S_i + beta KL_i), S_i the
+    # summed log-prob of row i: a bonus b moves L by -(1/B) sum_i b_i S_i; a weight w scales each row's term, so
+    # L(w) = sum_i w_i L(e_i), e_i the one-hot weights.
+    module, _d, _t = build(make_cfg(*SMALL, fast_task=False))
+    codec = ChatCodec(module.tokenizer)
+    prompt = codec.prompt_ids([{"role": "user", "content": "line 15: 37700"}])
+    actions = [decision_action("15", d) for d in ("SAC", "NS")] * 2
 
+    def loss(weight=None, bonus=None):
+        acts = RoleActions("verifier", [prompt] * 4, actions, [0, 0, 1, 1], torch.tensor([1.0, 0.0, 1.0, 0.0]),
+                           paired=True, weight=weight, adv_bonus=bonus)
+        batch = role_batch(acts, codec)
+        return module.action_loss(batch, pairs=True)[0].item(), batch
 
-def unparsable_verifier(role, row, x):
-    """The script, but the verifier's reply on 1a right is not a decision."""
-    if role == "verifier" and row["line"] == "1a" and x == row["gold"]:
-        return ["looks fine to me"]
-    return script(role, row, x)
-
-
-def test_unparsable_verdict_counts_as_sac(scripted_run):
-    # 1a right's unparsable verdict is a challenge (official): the reviser sees an empty challenge, the approver
-    # REVISEs (1a) -> case 2 instead of 1; SAC on all 4 decisions.
-    _m, engine, game, _b, trainer = scripted_run(NO_EXPLORE, script_fn=unparsable_verifier)
-    assert sorted(CASES[c] for c in game.cases.tolist()) == ["2", "2", "5a", "6a"]
-    metrics = trainer.callback_metrics
-    assert metrics["train/dpa/sac_rate"].item() == 1.0
-    assert metrics["train/dpa/unparsable/verifier"].item() == pytest.approx(0.25)
-    empty = 'challenge: {"claim": "", "argument": "", "evidence": ""}'
-    assert any(role == "reviser" and line == "1a" and empty in text for role, line, _x, text in engine.prompts)
-    _m, _e, game, _b, _t = scripted_run(NO_EXPLORE, "method.unparsable_verdict=NS", script_fn=unparsable_verifier)
-    assert sorted(CASES[c] for c in game.cases.tolist()) == ["1", "2", "5a", "6a"]
-
-
-def test_forced_revise_exploration_and_rarity(scripted_run):
-    # explore_revise=1: every challenged decision that is not REVISE (15 wrong's KEEP) is forced to REVISE: 6a -> 5b.
-    # The forced REVISE counts: REVISE share 3/3, forced 1/3, final 15 wrong takes z (gold + 1, wrong).
-    # Rarity over the challenged decisions by official case id: 5a, 5b -> 5 (2), 2 -> 2 (1): mean 3/2 ->
-    # weights 5a, 5b: (3/2) / 2 = 0.75, case 2: 1.5 (a pair's two rows share it).
-    _m, _e, game, _b, trainer = scripted_run("method.explore_revise=1.0")
-    assert sorted(CASES[c] for c in game.cases.tolist()) == ["1", "2", "5a", "5b"]
-    metrics = trainer.callback_metrics
-    assert metrics["train/dpa/revise_rate"].item() == 1.0
-    assert metrics["train/dpa/forced_revise_rate"].item() == pytest.approx(1 / 3)
-    assert metrics["train/final/strict"].item() == pytest.approx(0.75)
-    weights = {CASES[int(game.cases[g])]: w for g, w in
-               zip(game.approver.group_ids.tolist(), game.approver.reward_parts["weight"].tolist())}
-    assert weights == pytest.approx({"5a": 0.75, "5b": 0.75, "2": 1.5})
-
-
-def test_revise_bonus_on_the_reward_or_the_advantage(scripted_run):
-    # 2 of the 3 challenged decisions REVISE (share 2/3); target 1, balance 1.5 -> bonus 1.5 * (1 - 2/3) = 0.5.
-    # On the reward (official): REVISE scores + 0.5: 5a (-0.3, 2.0), 2 (1, 0.25), 6a (1, 0.5); the pair advantages
-    # stay +-1 (the bonus never flips a pair of this table); on the advantage: +0.5 on each REVISE row.
-    shaping = (NO_EXPLORE, "method.revise_balance=1.5", "method.revise_target=1.0")
-    module, _e, game, _b, _t = scripted_run(*shaping)
-    assert by_case(game, game.approver) == {"5a": [-0.3, 2.0], "2": [1.0, 0.25], "6a": [1.0, 0.5]}
-    assert game.counts["revise_bonus"] == pytest.approx(0.5) and "adv_bonus" not in game.approver.reward_parts
-    signs = module.credit(game.approver).parts["rollout"].view(-1, 2).round().tolist()
-    assert {CASES[int(game.cases[g])]: s for g, s in zip(game.approver.group_ids[::2].tolist(), signs)} == \
-        {"5a": [-1.0, 1.0], "2": [1.0, -1.0], "6a": [1.0, -1.0]}
-    _m, _e, game, _b, _t = scripted_run(*shaping, "method.revise_bonus_on=advantage")
-    assert game.approver.reward_parts["adv_bonus"].tolist() == pytest.approx([0.0, 0.5] * 3)
-    assert by_case(game, game.approver) == {"5a": [-0.3, 1.5], "2": [1.0, -0.25], "6a": [1.0, 0.0]}
+    base, batch = loss()
+    with torch.no_grad():
+        summed = (module._logprobs(module.policy, batch)[0] * batch.response_mask).sum(1)
+    bonus = torch.tensor([0.0, 0.5, 0.0, 0.5])
+    assert loss(bonus=bonus)[0] == pytest.approx(base - (bonus * summed).sum().item() / 4, rel=1e-5)
+    one_hot = [loss(weight=torch.eye(4)[i])[0] for i in range(4)]
+    assert sum(one_hot) == pytest.approx(base, rel=1e-5)
+    weight = torch.tensor([2.0, 0.5, 1.0, 0.0])
+    assert loss(weight=weight)[0] == pytest.approx(sum(w * v for w, v in zip(weight.tolist(), one_hot)), rel=1e-5)
 
 
 def test_loss_reduction_sums_over_decisions(scripted_run):
     # The verifier's step comes first, before any update: same game, same weights. sum (official) = the pair mean
     # x the number of pairs (4 decisions) -> loss/verifier(sum) = 4 x loss/verifier(mean).
-    _m, _e, _g, _b, summed = scripted_run(NO_EXPLORE)
-    _m, _e, _g, _b, mean = scripted_run(NO_EXPLORE, "method.loss_reduction=mean")
+    *_, summed = scripted_run(NO_EXPLORE)
+    *_, mean = scripted_run(NO_EXPLORE, "method.loss_reduction=mean")
     total, per = summed.callback_metrics["loss/verifier"].item(), mean.callback_metrics["loss/verifier"].item()
     assert per != 0 and total == pytest.approx(4 * per, rel=1e-5)
 
 
 def test_bad_keys_name_the_key(make_cfg):
-    for key, value in [("shown_revision", "best"), ("unparsable_verdict", "KEEP"), ("revision_update", "both"),
-                       ("revise_bonus_on", "loss"), ("loss_reduction", "max")]:
-        with pytest.raises(InstantiationException, match=f"method.{key}={value!r}: use one of"):
-            build(make_cfg(*SMALL, f"method.{key}={value}", fast_task=False))
+    for key, value in [("method.loss_reduction", "max"), ("method.roles", "three"), ("game.shown_revision", "best")]:
+        with pytest.raises(InstantiationException, match=rf"{key}={value!r}: use"):
+            build(make_cfg(*SMALL, f"{key}={value}", fast_task=False))
+
+
+def test_no_game_is_refused_at_setup(make_cfg):
+    module, _d, _t = build(make_cfg(*SMALL, "~game", fast_task=False))
+    with pytest.raises(ValueError, match="select it with game=form"):
+        module.setup("fit")
+
+
+def test_the_exploration_generator_is_checkpointed(make_cfg):
+    module, datamodule, _t = build(make_cfg(*SMALL, fast_task=False))
+    assert isinstance(module.game, FormGame) and module.random_sources() == {"module": module, "game": module.game}
+    module.game._explore.random()  # moved off its seed: the checkpoint holds this state
+    saved = capture_rng(module.random_sources(), datamodule)["private"]
+    assert saved["game._explore"] == module.game._explore.getstate()
 
 
 def test_validation_plays_the_game_greedily(scripted_run):
-    module, _engine, _game, _before, trainer = scripted_run()
+    module, _engine, _record, _batches, _before, trainer = scripted_run()
     trainer.limit_val_batches = 1.0  # the training run above skipped validation
     metrics = trainer.validate(module, datamodule=trainer.datamodule, verbose=False)[0]
     # Greedy: one proposal per line, the script's first (the gold value), one revision. 1a right -> NS (case 1);
@@ -315,20 +288,11 @@ def test_validation_plays_the_game_greedily(scripted_run):
     assert metrics["val/dpa/case/1"] == pytest.approx(share_1a)
     assert metrics["val/dpa/case/2"] == pytest.approx(1 - share_1a)
     assert metrics["val/dpa/sac_rate"] == pytest.approx(1 - share_1a)
-
-
-def test_canonical_actions_are_what_the_roles_emit(scripted_run):
-    module, *_ = scripted_run()
-    codec = module.rollouts.codec
-    ns = module.action_ids("15", "NS")
-    assert ns == codec.reply_ids(action_text("15", "NS")) and ns[-1] == codec.eos_id  # NS ends the reply
-    sac = module.action_ids("15", "SAC")  # SAC goes on with the challenge: a strict prefix of the whole reply
-    reply = codec.reply_ids(action_text("15", "SAC") + "\n" + challenge_text({"claim": "1"}))
-    assert reply[:len(sac)] == sac and len(reply) > len(sac) and codec.eos_id not in sac
+    assert "val/dpa/revise_bonus" not in metrics and "val/zero_variance_groups" not in metrics
 
 
 def test_shared_roles_use_one_adapter(scripted_run):
-    module, engine, _game, _before, _ = scripted_run("method.roles=shared")
+    module, engine, *_ = scripted_run("method.roles=shared")
     assert {a for _, a in engine.calls} == {"generator"}
     assert "verifier" not in module.policy.peft_config
     opt = module.optimizers()  # one adapter: one optimiser, one step on generator + 0.5 x verifier loss
@@ -341,8 +305,9 @@ def test_dpa_needs_a_lora_policy(make_cfg):
         build(cfg)
 
 
-def test_dpa_module_is_a_grpo_module():
-    assert issubclass(DPAGRPOModule, GRPOModule) and issubclass(DPAGRPOModule, L.LightningModule)
+def test_dpa_module_is_a_policy_module():
+    assert issubclass(DPAGRPOModule, PolicyModule) and not issubclass(DPAGRPOModule, GRPOModule)
+    assert issubclass(DPAGRPOModule, L.LightningModule)
 
 
 def test_grpo_form_is_the_papers_grpo_row(make_cfg):

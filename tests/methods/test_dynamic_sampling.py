@@ -7,15 +7,15 @@ import copy
 import pytest
 import torch
 
-from data_modules.rollout import PromptStream, cat_batches
-from lit_credit.methods.grpo import first_informative_groups, nonzero_variance_groups
+from data_modules.rollout import PromptStream
 from lit_credit.train import build
+from lit_credit.types import RewardResult, cat_batches
 from tests.credit.common import make_batch
 
 P, N = 4, 2  # prompts per step, rollouts per prompt
-RUN = ["method=dapo", f"data.prompts_per_step={P}", f"data.sampling.n={N}", "data.sampling.max_new_tokens=4",
-       "callbacks=none", "logger=csv", "validate_first=false", "+trainer.limit_val_batches=0",
-       "+trainer.enable_checkpointing=false", "method.optimizer.lr=1e-3"]
+RUN = ["loss=dapo", "method.dynamic_sampling=true", f"data.prompts_per_step={P}", f"data.sampling.n={N}",
+       "data.sampling.max_new_tokens=4", "callbacks=none", "logger=csv", "validate_first=false",
+       "+trainer.limit_val_batches=0", "+trainer.enable_checkpointing=false", "method.optimizer.lr=1e-3"]
 
 
 class PromptReward:
@@ -28,7 +28,7 @@ class PromptReward:
     def __call__(self, row, replies, **kwargs):
         first = not self.seen or self.seen[-1] != row["id"]
         self.seen.append(row["id"])
-        return {"score": float(row["id"] in self.spread and first)}
+        return RewardResult(float(row["id"] in self.spread and first))
 
 
 def run(make_cfg, positions: dict[int, list[int]], steps: int, max_draws: int):
@@ -38,7 +38,7 @@ def run(make_cfg, positions: dict[int, list[int]], steps: int, max_draws: int):
     datamodule.setup("fit")
     batch = datamodule.stream.batch
     reward = PromptReward({batch(k)[i]["id"] for k, idx in positions.items() for i in idx})
-    datamodule.reward = reward
+    datamodule.experience.reward = reward
     traces = []
     step = module.training_step
     module.training_step = lambda *a: (step(*a), traces.append(module.credit_trace[0]))[0]
@@ -100,7 +100,7 @@ def test_no_informative_group_at_all_still_steps_with_zero_advantages(make_cfg):
     # weights (a zero gradient through AdamW would, by its momentum).
     module, datamodule, trainer = build(make_cfg(*RUN, "trainer.max_steps=2", "method.max_sampling_draws=3"))
     datamodule.setup("fit")
-    datamodule.reward = PromptReward({datamodule.stream.batch(0)[0]["id"]})
+    datamodule.experience.reward = PromptReward({datamodule.stream.batch(0)[0]["id"]})
     snapshots = []
     step = module.training_step
     module.training_step = lambda *a: (snapshots.append(copy.deepcopy(module.policy.state_dict())), step(*a))[1]
@@ -118,17 +118,6 @@ def test_no_informative_group_at_all_still_steps_with_zero_advantages(make_cfg):
     assert float(trainer.callback_metrics["loss/policy"]) == 0.0
 
 
-def test_informative_groups_keeps_the_first_in_draw_order():
-    # groups 3: (0, 1) spread; 1: (1, 1) none; 7: (0, 1) spread; 5: (1, 0) spread. Draw order is id order:
-    # 1, 3, 5, 7 -> the informative ones in order 3, 5, 7; limit 2 keeps 3 and 5.
-    batch = make_batch(torch.ones(8, 2), torch.tensor([3, 3, 1, 1, 7, 7, 5, 5]),
-                       torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0]))
-    keep = nonzero_variance_groups(batch)
-    assert keep.tolist() == [True, True, False, False, True, True, True, True]
-    chosen, found = first_informative_groups(batch, keep, 2)
-    assert found == 2 and chosen.tolist() == [True, True, False, False, False, False, True, True]
-    assert first_informative_groups(batch, keep, 5)[1] == 3
-    assert first_informative_groups(batch, torch.zeros(8, dtype=torch.bool), 2)[1] == 0
 
 
 def test_cat_batches_right_pads_rows_and_turns():
@@ -179,4 +168,4 @@ def test_the_draw_cap_must_be_positive(make_cfg):
 
     with pytest.raises(ConfigError, match=r"method.max_sampling_draws=0: dynamic sampling draws at least the step's "
                                           r"own prompt batch; fix: set method.max_sampling_draws=1"):
-        check_config(make_cfg("method=dapo", "method.max_sampling_draws=0"))
+        check_config(make_cfg("loss=dapo", "method.dynamic_sampling=true", "method.max_sampling_draws=0"))

@@ -63,7 +63,7 @@ class RecordingScriptedEngine(Recording, ScriptedEngine):
 
 def grpo_run(make_cfg, sleep_mode: bool) -> RecordingHFEngine:
     module, datamodule, trainer = build(make_cfg(*GRPO_RUN))
-    datamodule.engine = engine = RecordingHFEngine(sleep_mode=sleep_mode)
+    datamodule.experience.engine = engine = RecordingHFEngine(sleep_mode=sleep_mode)
     trainer.fit(module, datamodule=datamodule)
     assert trainer.global_step == 2
     return engine
@@ -90,8 +90,8 @@ def test_dpa_step_sleeps_after_the_game_and_wakes_at_the_next_push(make_cfg, sle
     # roles=separate: 2 optimiser steps per round, so max_steps=4 is two rounds (two games).
     module, datamodule, trainer = build(make_cfg(*SMALL, NO_EXPLORE, "trainer.max_steps=4", fast_task=False))
     datamodule.setup("fit")
-    datamodule.engine = engine = RecordingScriptedEngine([*datamodule.train_set, *datamodule.val_set],
-                                                         sleep_mode=sleep_mode)
+    engine = RecordingScriptedEngine([*datamodule.train_set, *datamodule.val_set], sleep_mode=sleep_mode)
+    datamodule.experience.engine = engine
     trainer.fit(module, datamodule=datamodule)
     assert trainer.global_step == 4
     # A round: the proposer's push and draw, then each role switch pushes its adapter (proposer/reviser/approver

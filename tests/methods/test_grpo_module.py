@@ -1,5 +1,5 @@
 """GRPOModule end to end on the embedded tiny policy: every loss variant, the update direction,
-TensorBoard and checkpoint outputs, and the stale-weights guard."""
+TensorBoard and checkpoint outputs, the stale-weights guard and the metric sets chosen in config."""
 from __future__ import annotations
 
 import copy
@@ -8,19 +8,24 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from lit_credit.methods.grpo import nonzero_variance_groups
+from lit_credit.methods import GRPOModule
 from lit_credit.models import token_logprobs
 from lit_credit.rollout import HFEngine
 from lit_credit.train import build, train
 from scripts.tb_scalars import scalars
 from tests.credit.common import make_batch
 
+# Every GRPO-family baseline is GRPOModule with a credit, a loss and a dynamic-sampling setting.
+METHODS = {"grpo": [], "dr_grpo": ["credit=dr_grpo", "loss=dr_grpo"],
+           "dapo": ["loss=dapo", "method.dynamic_sampling=true"], "gspo": ["loss=gspo"]}
 
-@pytest.mark.parametrize("method", ["grpo", "dr_grpo", "dapo", "gspo"])
+
+@pytest.mark.parametrize("method", METHODS)
 def test_fast_dev_run_updates_the_policy(method, make_cfg):
     # 16 prompts x 4 samples: some group holds both right and wrong answers (seeded).
-    module, datamodule, trainer = build(make_cfg("debug=fdr", f"method={method}", "data.prompts_per_step=16",
+    module, datamodule, trainer = build(make_cfg("debug=fdr", *METHODS[method], "data.prompts_per_step=16",
                                                  "data.sampling.n=4"))
+    assert type(module) is GRPOModule and module.dynamic_sampling == (method == "dapo")
     before = copy.deepcopy(module.policy.state_dict())
     trainer.fit(module, datamodule=datamodule)
     assert trainer.global_step == 1
@@ -38,22 +43,13 @@ def test_fast_dev_run_updates_the_policy(method, make_cfg):
         assert kept <= 1.0 - float(metrics["train/zero_variance_groups"]) + 1e-9
 
 
-def test_nonzero_variance_groups_hand_table():
-    # groups 5: scores (1, 1) -> constant, dropped; 9: (0, 1) -> kept; 2: (0.5) singleton -> constant, dropped.
-    batch = make_batch(torch.ones(5, 2), torch.tensor([5, 5, 9, 9, 2]), torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5]))
-    assert nonzero_variance_groups(batch).tolist() == [False, False, True, True, False]
 
 
-def test_nonzero_variance_groups_stays_on_the_batch_device():
-    # The meta device has shapes but no data: any host sync or CPU scratch tensor would fail here.
-    batch = make_batch(torch.ones(5, 2), torch.tensor([5, 5, 9, 9, 2]), torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5]))
-    keep = nonzero_variance_groups(batch.to("meta"))
-    assert keep.device.type == "meta" and keep.shape == (5,) and keep.dtype == torch.bool
 
 
 def test_one_step_moves_logprobs_along_the_advantage(make_cfg):
     module, datamodule, trainer = build(make_cfg("debug=fdr", "method.optimizer.lr=1e-3", "data.prompts_per_step=16",
-                                                 "data.sampling.n=8", "method.loss.kl_coef=0"))
+                                                 "data.sampling.n=8", "loss.kl_coef=0"))
     seen = []
     generate = datamodule.generate_experience
     datamodule.generate_experience = lambda *a, **k: seen.append(generate(*a, **k)) or seen[-1]
@@ -105,7 +101,41 @@ def test_a_sync_that_does_not_take_fails_loudly(make_cfg):
     cfg = make_cfg("trainer.max_steps=3", "method.optimizer.lr=1e-2", "method.max_logprob_gap=1e-3", "logger=csv",
                    "callbacks=none", "validate_first=false", "trainer.val_check_interval=100")
     module, datamodule, trainer = build(cfg)
-    datamodule.engine = FrozenCopyEngine()
+    datamodule.experience.engine = FrozenCopyEngine()
     with pytest.raises(RuntimeError, match="stale weights"):
         trainer.fit(module, datamodule=datamodule)
     assert trainer.global_step >= 1  # the first step is fine; the guard fires once the weights have moved
+
+
+def scored_batch():
+    """4 rollouts scored [2, 1.4, 1, 0] by a reward with part weights 1 + 1 (normalised [1, 0.7, 0.5, 0]), with
+    per-turn verifier scores: final turns [1, 0, 0, 1]."""
+    return make_batch(torch.ones(4, 3), torch.tensor([0, 0, 1, 1]), torch.tensor([2.0, 1.4, 1.0, 0.0]),
+                      reward_weights={"process": 1.0, "summary": 1.0}, metadata=[{"finish": ["stop"]}] * 4,
+                      turn_scores=torch.tensor([[1.0], [0.0], [0.0], [1.0]]), turn_mask=torch.ones(4, 1, dtype=torch.bool))
+
+
+# The metrics= override -> the metric sets it gives (train.yaml's default: none; `metrics=[]` drops an
+# experiment's; `metrics=null` is no override Hydra accepts for a group).
+METRIC_SETS = {"metrics=tool": ["tool"], "metrics=[]": [], "metrics=[tool,turn]": ["tool", "turn"], None: []}
+
+
+@pytest.mark.parametrize("override", METRIC_SETS, ids=lambda o: o or "default")
+def test_metric_sets_come_from_config(override, make_cfg):
+    module, _datamodule, _trainer = build(make_cfg(*([override] if override else [])))
+    names = METRIC_SETS[override]
+    assert sorted(module.metric_sets) == names
+    logs = module.rollout_metrics(scored_batch(), "train")
+    # batch_metrics' shared keys always: reward mean (2 + 1.4 + 1 + 0) / 4 = 1.1
+    assert logs["train/reward/mean"] == pytest.approx(1.1)
+    # metrics=tool: success@0.7 = share of normalised scores >= 0.7 = 2/4; none without it
+    success = {k: v for k, v in logs.items() if "/success@" in k}
+    if "tool" in names:
+        assert success == pytest.approx({"train/success@0.7": 0.5, "train/success@0.8": 0.25,
+                                         "train/success@0.9": 0.25, "train/success@1.0": 0.25})
+    else:
+        assert success == {}
+    # metrics=turn: the final-turn success 2/4 and pass@turn1 (max_turns 1 before fit); none without it
+    assert ("train/success" in logs) == ("turn" in names) and ("train/pass@turn1" in logs) == ("turn" in names)
+    if "turn" in names:
+        assert logs["train/success"] == 0.5

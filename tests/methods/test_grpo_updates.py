@@ -3,8 +3,6 @@ clip-higher, no GSPO sequence ratio), from the second minibatch on it moves, and
 sequence ratio then differs from the per-token ratios. The shipped configs use several updates."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -14,7 +12,7 @@ from lit_credit.train import CONF_DIR, build
 
 STEP = ["data.prompts_per_step=8", "data.sampling.n=4", "data.sampling.max_new_tokens=6", "callbacks=none",
         "logger=csv", "validate_first=false", "+trainer.limit_val_batches=0", "+trainer.enable_checkpointing=false",
-        "trainer.max_steps=1", "method.lr_scheduler=null", "method.loss.kl_coef=0"]
+        "trainer.max_steps=1", "method.lr_scheduler=null", "loss.kl_coef=0"]
 
 
 class Recorder:
@@ -41,20 +39,21 @@ def one_step(make_cfg, *overrides: str):
 def test_one_update_per_batch_leaves_the_ratio_exactly_one(make_cfg):
     # ppo_epochs = num_minibatches = 1: old log-probs = the trainer's own (detached), r = exp(0) = 1 on every
     # token, so the clip never binds, at any learning rate: the regime every experiment ran in before.
-    calls, metrics = one_step(make_cfg, "method=dapo", "method.num_minibatches=1", "method.optimizer.lr=1e-1")
+    calls, metrics = one_step(make_cfg, "loss=dapo", "method.dynamic_sampling=true", "method.num_minibatches=1",
+                              "method.optimizer.lr=1e-1")
     (call,) = calls
     assert torch.equal(call["logp"], call["old"])
     assert call["loss/ratio_min"] == call["loss/ratio_max"] == 1.0 and call["loss/clip_frac"] == 0.0
     assert float(metrics["loss/clip_frac"]) == 0.0 and float(metrics["train/updates"]) == 1.0
 
 
-@pytest.mark.parametrize("method", ["gspo", "dapo"])
-def test_the_ratio_acts_from_the_second_minibatch(method, make_cfg):
+@pytest.mark.parametrize("loss", ["gspo", "dapo"])
+def test_the_ratio_acts_from_the_second_minibatch(loss, make_cfg):
     # 32 rollouts in 4 minibatches of 8, AdamW at lr 1e-2 (no warm-up): 4 updates in one training step. Dynamic
     # sampling (DAPO's own; switched on for GSPO too) fills the step with groups that have a reward spread, so
     # every rollout has a non-zero advantage and the first update has a gradient (the tiny policy is mostly
     # wrong: a random minibatch of plain sampling often has none).
-    calls, metrics = one_step(make_cfg, f"method={method}", "method.num_minibatches=4", "method.optimizer.lr=1e-2",
+    calls, metrics = one_step(make_cfg, f"loss={loss}", "method.num_minibatches=4", "method.optimizer.lr=1e-2",
                               "method.dynamic_sampling=true")
     assert len(calls) == 4 and float(metrics["train/updates"]) == 4
     first, second = calls[0], calls[1]
@@ -69,7 +68,7 @@ def test_the_ratio_acts_from_the_second_minibatch(method, make_cfg):
     s = torch.exp(log_r.sum(-1) / m.sum(-1))
     present = m.any(-1)
     assert (log_r[m].abs() > 1e-3).any()  # the token ratios moved off 1
-    if method == "gspo":
+    if loss == "gspo":
         assert (s[present] - 1).abs().max() > 1e-3  # the sequence ratio moved off 1
         # ... and differs from the token ratios inside a row: r_t = s_i for every t only if log r is flat
         token_vs_seq = (torch.exp(log_r) - s[:, None]).abs()[m]
@@ -87,7 +86,7 @@ def test_lora_dropout_is_off_so_the_first_update_has_ratio_one(make_cfg):
     # log-probs (no grad) and a minibatch's (with grad) would see different dropout masks, a ratio off 1 before
     # any update of the step. (In step 1 LoRA's B = 0 hides it: dropout(x) A B = 0.) RL runs the policy in eval
     # mode, so the first minibatch of step 2, after step 1's updates moved B, still has a ratio of 1.
-    module, datamodule, trainer = build(make_cfg(*STEP, "trainer.max_steps=2", "model/lora=r8", "method=dapo",
+    module, datamodule, trainer = build(make_cfg(*STEP, "trainer.max_steps=2", "model/lora=r8", "loss=dapo",
                                                  "method.num_minibatches=4", "method.optimizer.lr=1e-2",
                                                  "method.dynamic_sampling=true"))
     module.loss = recorder = Recorder(module.loss)
@@ -110,6 +109,11 @@ def test_the_grpo_family_experiments_take_several_updates_per_rollout_batch(expe
 def test_grpo_yaml_holds_the_default_every_method_inherits():
     grpo = OmegaConf.load(CONF_DIR / "method" / "grpo.yaml")
     assert (grpo.ppo_epochs, grpo.num_minibatches, grpo.max_sampling_draws) == (1, 4, 10)
-    for name in ("dapo", "gspo", "dr_grpo", "slca_grpo", "tcpo", "slca_tcpo"):
-        text = Path(CONF_DIR / "method" / f"{name}.yaml").read_text()
-        assert "num_minibatches" not in text and "ppo_epochs" not in text, name  # inherited, not overridden
+    # The GRPO family is method=grpo with a credit, a loss, an augmenter and metric sets from their own groups:
+    # none of those files sets the update split (inherited, not overridden), and method=grpo picks no credit.
+    parts = [p for group in ("credit", "loss", "augment", "metrics") for p in (CONF_DIR / group).glob("*.yaml")]
+    assert {p.stem for p in parts} >= {"dapo", "gspo", "dr_grpo", "slca", "tcpo", "slca_tcpo", "counterfactual"}
+    for path in parts:
+        text = path.read_text()
+        assert "num_minibatches" not in text and "ppo_epochs" not in text, path
+    assert "/credit" not in (CONF_DIR / "method" / "grpo.yaml").read_text()

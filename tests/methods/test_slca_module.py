@@ -1,11 +1,14 @@
-"""SLCAGRPOModule on the toolcall task: the SLCA metrics of a real (tiny) step."""
+"""GRPOModule as SLCA-GRPO and SLCA x TCPO on the toolcall tasks (credit=slca / slca_tcpo, metrics=tool,
+augment=counterfactual_tool): the SLCA metrics of a real (tiny) step, the sparse gradient-cosine diagnostic and
+the counterfactual tool turns."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lit_credit.methods import SLCAGRPOModule, SLCATCPOModule
-from lit_credit.methods.slca_grpo import irrelevant_call_rates, step_exact_match
+import lit_credit.methods.grpo as grpo_module
+from lit_credit.analysis.metrics import score_scale, step_exact_match
+from lit_credit.methods import GRPOModule
 from lit_credit.rewards.hierr import normalize_gold_calls
 from lit_credit.tasks.toolcall import tool_call_text
 from lit_credit.train import build
@@ -15,22 +18,26 @@ from tests.test_configs import TOOLCALL_SMALL
 
 
 @pytest.mark.parametrize("experiment", ["slca_toolcall", "grpo_toolcall"])
-def test_one_step_logs_success_exact_match_and_segment_gradient_cosine(experiment, make_cfg):
+def test_one_step_logs_success_exact_match_and_segment_gradient_cosine(experiment, make_cfg, monkeypatch):
     cfg = make_cfg(f"experiment={experiment}", "debug=fdr", *TOOLCALL_SMALL, "data.max_turns=2",
                    "data.prompts_per_step=4", "data.sampling.n=4", "data.sampling.max_new_tokens=24",
                    "task.subsets={single:1,irrelevant:1}", fast_task=False)
     module, datamodule, trainer = build(cfg)
-    assert isinstance(module, SLCAGRPOModule)
+    assert type(module) is GRPOModule and list(module.metric_sets) == ["tool"] and module.grad_cosine_every == 10
+    assert module.augment is None
     assert type(module.credit).__name__ == {"slca_toolcall": "SLCACredit", "grpo_toolcall": "GRPOCredit"}[experiment]
     seen = []
     generate = datamodule.generate_experience
     datamodule.generate_experience = lambda *a, **k: seen.append(generate(*a, **k)) or seen[-1]
+    cosines, cosine = [], grpo_module.segment_grad_cosine  # grad_cosine_every=10: computed at step 0
+    monkeypatch.setattr(grpo_module, "segment_grad_cosine", lambda *a: cosines.append(cosine(*a)) or cosines[-1])
     trainer.fit(module, datamodule=datamodule)
+    assert len(cosines) == 1 and (cosines[0] is None or -1 - 1e-6 <= cosines[0] <= 1 + 1e-6)
     m = {k: float(v) for k, v in trainer.callback_metrics.items()}
     batch = seen[0]
     # success@t is the share of rollouts with score / (w_process + w_summary) >= t (official weighted_score_norm;
     # HierR's weights 1 + 1 = 2), so it cannot rise with t.
-    assert module.score_scale() == 2.0
+    assert score_scale(batch.reward_weights) == 2.0
     for t in (0.7, 0.8, 0.9, 1.0):
         assert m[f"train/success@{t}"] == pytest.approx((batch.scores / 2 >= t - 1e-9).float().mean().item())
     assert m["train/success@0.7"] >= m["train/success@0.8"] >= m["train/success@0.9"] >= m["train/success@1.0"]
@@ -47,39 +54,20 @@ def test_one_step_logs_success_exact_match_and_segment_gradient_cosine(experimen
     assert torch.all(parts["summary"][no_call] == 0)  # no_call_summary="zero": no summary reward there
 
 
-def test_irrelevant_call_rates_by_hand():
-    # 5 rollouts; gold steps [0, 0, 2, 0, 1] -> rollouts 0, 1, 3 are of no-call prompts. Tool tags [1, 0, 1, 1, 0]
-    # -> on them 1, 0, 1: rate 2/3; valid calls [0, 0, 1, 1, 1] -> on them 0, 0, 1: 1/3
-    parts = {"gold_steps": torch.tensor([0.0, 0, 2, 0, 1]), "tool_tag": torch.tensor([1.0, 0, 1, 1, 0]),
-             "valid_call": torch.tensor([0.0, 0, 1, 1, 1])}
-    assert irrelevant_call_rates(parts, "train") == pytest.approx(
-        {"train/tool/irrelevant_call_rate": 2 / 3, "train/tool/irrelevant_valid_call_rate": 1 / 3})
-    assert irrelevant_call_rates({**parts, "gold_steps": torch.ones(5)}, "val") == {}  # no no-call prompt
-    assert irrelevant_call_rates({"gold_steps": parts["gold_steps"]}, "val") == {}     # a reward without tags
-
-
-def test_sparse_diagnostics_are_logged_only_at_the_steps_they_are_computed(make_cfg, tmp_path):
-    cfg = make_cfg("experiment=grpo_arith", "data.prompts_per_step=2", "data.sampling.n=2",
+def test_sparse_diagnostics_are_logged_only_at_the_steps_they_are_computed(make_cfg, tmp_path, monkeypatch):
+    cfg = make_cfg("experiment=grpo_arith", "data.prompts_per_step=2", "data.sampling.n=2", "method.grad_cosine_every=2",
                    "trainer.max_steps=3", "trainer.val_check_interval=100", "validate_first=false", "callbacks=none")
     module, datamodule, trainer = build(cfg)
-    # What SLCA's grad cosine does every N steps, here every 2: Lightning's self.log would re-log a key's last
-    # value at every later step; the diagnostics path must not.
-    module.credit_diagnostics = lambda batch, adv: {"x/diag": 10.0 + module.global_step} \
-        if module.global_step % 2 == 0 else {}
+    # SLCA's grad cosine every N steps, here every 2 (its value stubbed to 10 + step: arithmetic replies have no
+    # tool segment): Lightning's self.log would re-log a key's last value at every later step; the diagnostic
+    # goes straight to the logger, only at steps 0 and 2.
+    computed = []
+    monkeypatch.setattr(grpo_module, "segment_grad_cosine",
+                        lambda *a: computed.append(module.global_step) or 10.0 + module.global_step)
     trainer.fit(module, datamodule=datamodule)
-    assert scalars(tmp_path)["x/diag"] == [(0, 10.0), (2, 12.0)]
+    assert computed == [0, 2]
+    assert scalars(tmp_path)["slca/grad_cosine"] == [(0, 10.0), (2, 12.0)]
     assert [s for s, _ in scalars(tmp_path)["train/reward/mean"]] == [0, 1, 2]
-
-
-def test_step_exact_match_by_hand():
-    # gold steps [3, 3, 2, 1]; turn k exact? r0 [1, 0, 0], r1 [1, 1, 1], r2 [0, 0, 0], r3 [1, 0, 0].
-    # step 1: all four plans have it, exact 1, 1, 0, 1 -> 3/4; step 2: r0, r1, r2 -> 0, 1, 0 -> 1/3;
-    # step 3: r0, r1 -> 0, 1 -> 1/2 (r3's exact turn 1 is past its one-step plan: not counted).
-    exact = torch.tensor([[1.0, 0, 0], [1, 1, 1], [0, 0, 0], [1, 0, 0]])
-    got = step_exact_match(exact, torch.tensor([3.0, 3, 2, 1]))
-    assert got == pytest.approx({1: 3 / 4, 2: 1 / 3, 3: 1 / 2})
-    # A plan deeper than any rollout's turns: the missing turns are misses.
-    assert step_exact_match(torch.tensor([[1.0], [0.0]]), torch.tensor([2.0, 1.0])) == {1: 0.5, 2: 0.0}
 
 
 class ScriptedToolEngine:
@@ -125,28 +113,29 @@ class ScriptedToolEngine:
 
 def test_slca_tcpo_resamples_tool_turns_scores_them_per_step_and_logs_step_accuracy(make_cfg):
     cfg = make_cfg("experiment=slca_tcpo_toolcall", "credit.preset=tcpo", "debug=fdr", *TOOLCALL_SMALL,
-                   "data.sampling.n=4", "method.cf_top_l=2", "method.cf_samples=2", fast_task=False)
+                   "data.sampling.n=4", "augment.top_l=2", "augment.samples=2", fast_task=False)
     module, datamodule, trainer = build(cfg)
-    assert isinstance(module, SLCATCPOModule) and module.credit.uses_counterfactual
+    assert type(module) is GRPOModule and module.credit.needs == {"alt_scores", "cf_mask"}
+    assert module.augment.score == "reward" and sorted(module.metric_sets) == ["tool", "turn"]
     datamodule.setup("fit")
-    engine = datamodule.engine = ScriptedToolEngine([*datamodule.train_set, *datamodule.val_set])
+    engine = datamodule.experience.engine = ScriptedToolEngine([*datamodule.train_set, *datamodule.val_set])
     seen = []
     augment = module.augment_experience
     module.augment_experience = lambda batch: seen.append(batch) or augment(batch)
     trainer.fit(module, datamodule=datamodule)
     batch = seen[0]
-    parts = batch.reward_parts
-    tool_mask, selected, alt = parts["tool_turn_mask"].bool(), parts["cf_mask"], parts["alt_scores"]
+    parts, turns = batch.reward_parts, batch.turn_parts
+    tool_mask, selected, alt = turns["tool_turn_mask"].bool(), batch.extras["cf_mask"], batch.extras["alt_scores"]
     depth = parts["gold_steps"].long()
     # Every rollout makes one call per gold step, then summarises: tool turns = gold steps.
     assert (tool_mask.sum(1) == depth).all()
     # Sample j's first call is right for even j: turn 0 scores 1 exactly for rollouts 0, 2 of each group.
     j = torch.arange(len(batch)) % 4
-    assert ((parts["tool_scores"][:, 0] == 1) == (j % 2 == 0)).all()
-    assert ((parts["tool_exact"][:, 0] == 1) == (j % 2 == 0)).all()
+    assert ((turns["tool_scores"][:, 0] == 1) == (j % 2 == 0)).all()
+    assert ((turns["tool_exact"][:, 0] == 1) == (j % 2 == 0)).all()
     # Top-2 tool turns per group by surprisal: wrong calls (log-prob -1) outrank right ones.
     assert not (selected & ~tool_mask).any() and (selected.sum(1).view(-1, 4).sum(1) == 2).all()
-    assert (parts["tool_scores"][selected] < 1).all()
+    assert (turns["tool_scores"][selected] < 1).all()
     # Alternatives: the engine's cf call (n = 2) from the exact history, scored per step by the reward.
     cf = [out for n, out in engine.outputs if n == 2]
     assert len(cf) == 1
@@ -158,7 +147,7 @@ def test_slca_tcpo_resamples_tool_turns_scores_them_per_step_and_logs_step_accur
     # Alternative 0 at turn k is right when k is even: a right call scores 1 against its own gold step.
     assert all(e[0] == 1.0 for e, (_, k) in zip(expected, selected.nonzero().tolist()) if k % 2 == 0)
     m = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    for k, v in step_exact_match(parts["tool_exact"], parts["gold_steps"]).items():
+    for k, v in step_exact_match(turns["tool_exact"], parts["gold_steps"]).items():
         assert m[f"train/step{k}/exact_match"] == pytest.approx(v)
     assert m["train/step1/exact_match"] == 0.5 and m["tcpo/cf_turns"] == 4.0
     assert "credit/turn_type/regress/frac" in m and "val/step1/exact_match" in m

@@ -1,14 +1,18 @@
 """HierR tool process score and reward (docs/methods.md §1, "Two rewards (HierR)"); every number
-hand-computed."""
+hand-computed.
+
+The one home of HierR's hand cases: the rules on well-formed calls, gold and replies. Malformed model output
+and bad gold data (blocks that fail, unbalanced tags, huge or odd text, gold that cannot be read) are cases
+of the bad-input corpus (tests/data/bad_inputs/tool_calls.jsonl); the never-raises properties are in
+tests/test_fuzz.py.
+"""
 
 import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from lit_credit.rewards.base import Reward
+from lit_credit.interfaces import Reward
 from lit_credit.rewards.hierr import (
     COMPONENTS,
     DEFAULT_WEIGHTS,
@@ -43,33 +47,6 @@ F = tc(call("f", x=1))  # a valid single-call block
 
 
 # ------------------------------------------------------------------------------------------------ parsing
-@pytest.mark.parametrize(("body", "valid", "reason", "n_calls"), [
-    ("not json", False, "json", 0),
-    ('{"name": "f", ', False, "json", 0),
-    ('"f"', False, "type", 0),                                             # JSON, but a string
-    ("[]", False, "empty", 0),  # officially a valid block of no call (format 1): debris here
-    ("[1, 2]", False, "type", 0),                                          # a list, not of dicts
-    ('{"arguments": {}}', False, "name", 0),
-    ('{"name": 3, "arguments": {}}', False, "name", 0),
-    ('{"name": "", "arguments": {}}', False, "name", 0),                   # official: the name must be non-empty
-    ('{"name": "zzz", "arguments": {}}', False, "unknown_tool", 0),
-    ('{"name": "f", "arguments": "{}"}', False, "arguments", 0),           # arguments as a string
-    ('{"name": "f", "arguments": [1]}', False, "arguments", 0),            # a truthy non-dict
-    # official `arguments or parameters or {}`: missing, null or falsy arguments read as {} (valid)
-    ('{"name": "f"}', True, "", 1),
-    ('{"name": "f", "arguments": null}', True, "", 1),
-    ('{"name": "f", "arguments": ""}', True, "", 1),
-    ('{"name": "f", "arguments": {}}', True, "", 1),
-    ('{"name": "f", "parameters": {"x": 1}}', True, "", 1),                # parameters accepted
-    ('[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"y": 2}}]', True, "", 2),  # parallel
-    ('[{"name": "f", "arguments": {}}, {"name": "zzz", "arguments": {}}]', False, "unknown_tool", 0),
-])
-def test_block_validity(body, valid, reason, n_calls):
-    p = parse_tool_calls(tc(body), ALLOWED)
-    (block,) = p.blocks
-    assert (block.valid, block.reason, len(block.calls)) == (valid, reason, n_calls)
-
-
 def test_parameters_normalised_to_arguments_and_allowed_none():
     p = parse_tool_calls(tc({"name": "f", "parameters": {"x": 1}}), ALLOWED)
     assert p.calls == [call("f", x=1)]
@@ -89,13 +66,6 @@ def test_think_is_stripped_before_parsing():
     text = f"<think>maybe {tc(call('g'))}</think>{F}"
     p = parse_tool_calls(text, ALLOWED)
     assert (p.n_open, p.n_close, [c["name"] for c in p.calls]) == (1, 1, ["f"])
-
-
-def test_blocks_run_from_an_open_tag_to_the_first_close_tag():
-    # official <tool_call>(.*?)</tool_call>: the block opened first holds the second open tag, so its body
-    # "oops<tool_call>{...}" is no JSON: 0 valid blocks of max(2 open, 1 close)
-    p = parse_tool_calls("<tool_call>oops" + F, ALLOWED)
-    assert (p.n_open, p.n_close, [b.reason for b in p.blocks], p.calls) == (2, 1, ["json"], [])
 
 
 def test_a_list_block_with_a_bad_item_is_invalid_but_its_good_items_are_executed():
@@ -131,8 +101,6 @@ BAD_ARGS = tc('{"name": "f", "arguments": 3}')
     (F, 1.0),                                           # 1 valid / max(1, 1)
     (F + F, 1.0),                                       # 2 / max(2, 2)
     (F + "<tool_call>", 0.5),                           # unbalanced: 1 valid / max(2 open, 1 close)
-    (F + "</tool_call>", 0.5),                          # 1 / max(1, 2)
-    ("<tool_call>oops" + F, 0.0),                       # one block "oops<tool_call>{..}": 0 / max(2, 1)
     (BAD_JSON, 0.0),                                    # 0 / 1
     (F + UNKNOWN, 0.5),                                 # 1 / 2
     (F + BAD_JSON + BAD_ARGS, 1 / 3),                   # 1 / 3
@@ -319,15 +287,6 @@ def test_normalize_gold_calls():
     assert normalize_gold_calls(arr) == [[b]]
 
 
-@pytest.mark.parametrize("bad", [
-    [{"arguments": {}}], [[{"name": "a", "arguments": "[1]"}]], [[{"name": "a", "arguments": "{x"}]], [[3]],
-    {"name": "a"},
-])
-def test_normalize_gold_calls_rejects_bad_data(bad):
-    with pytest.raises(ValueError):
-        normalize_gold_calls(bad)
-
-
 # ------------------------------------------------------------------------------------------------ reward
 class FixedJudge(SummaryJudge):
     """Rates 4 (score 0.75) and records what it was shown."""
@@ -365,14 +324,26 @@ def test_reward_total_and_judge_inputs():
     assert isinstance(reward, Reward)
     out = reward(ROW, [CALL, SUMMARY], tool_responses=['{"rain": true}'])
     # process 1 (perfect call), summary (4-1)/4 = 0.75: score = 0.5*1 + 2*0.75 = 2.0
-    assert out["score"] == pytest.approx(2.0)
+    assert out.score == pytest.approx(2.0)
     parts = ("process", "summary", "should_call_but_no_call", "judge_failed")
-    assert [out[k] for k in parts] == [1, 0.75, 0, 0]
-    assert set(out) == {"score", *COMPONENTS, "process", "summary", "should_call_but_no_call", "judge_failed",
-                        "no_tool_response", "tool_tag", "valid_call", "gold_steps", "tool_scores",
-                        "tool_turn_mask", "tool_exact"}
-    assert [out[k] for k in ("no_tool_response", "tool_tag", "valid_call", "gold_steps")] == [0, 1, 1, 1]
+    assert [out.parts[k] for k in parts] == [1, 0.75, 0, 0]
+    assert [out.parts[k] for k in ("no_tool_response", "tool_tag", "valid_call", "gold_steps")] == [0, 1, 1, 1]
     assert judge.seen[-1] == (ROW["question"], ['{"rain": true}'], SUMMARY)
+    # the score is w_process * process + w_summary * summary: the reward says so (batch.reward_weights)
+    assert reward.part_weights == {"process": 0.5, "summary": 2.0}
+    assert HierRReward().part_weights == {"process": 1.0, "summary": 1.0}
+
+
+def test_result_separates_parts_from_per_turn_lists():
+    # A RewardResult: the float parts of the episode ([B] in the batch), apart from the per-turn lists (one
+    # entry per tool turn: every reply but the last; [B, K] turn_parts) and from the extras (none here).
+    out = HierRReward(judge=FixedJudge())(ROW, [CALL, SUMMARY], tool_responses=['{"rain": true}'])
+    assert set(out.parts) == {*COMPONENTS, "process", "summary", "should_call_but_no_call", "judge_failed",
+                              "no_tool_response", "tool_tag", "valid_call", "gold_steps"}
+    assert all(type(v) is float for v in out.parts.values())
+    # one tool turn (CALL, perfect against gold step 0): process 1, exact
+    assert out.turns == {"tool_scores": [1.0], "tool_turn_mask": [1.0], "tool_exact": [1.0]}
+    assert out.extras == {} and type(out.score) is float
 
 
 def test_reward_tool_response_sources():
@@ -384,7 +355,7 @@ def test_reward_tool_response_sources():
     assert [s[1] for s in judge.seen] == [["from kw"], ["from text"]]
     assert judge.seen[-1][2] == SUMMARY
     out = reward(ROW, [CALL, SUMMARY])                                 # none: summary 0 without the backend
-    assert (out["summary"], out["score"], len(judge.seen)) == (0.0, 1.0, 2)
+    assert (out.parts["summary"], out.score, len(judge.seen)) == (0.0, 1.0, 2)
 
 
 def test_reward_reads_the_parquet_row():
@@ -394,7 +365,7 @@ def test_reward_reads_the_parquet_row():
                                              "gold_tool_calls": ROW["gold_tool_calls"]}}}
     judge = FixedJudge()
     out = HierRReward(judge=judge)(row, [CALL, SUMMARY], tool_responses=["r"])
-    assert out["process"] == 1.0 and judge.seen[-1][0] == "Will it rain?"
+    assert out.parts["process"] == 1.0 and judge.seen[-1][0] == "Will it rain?"
     del row["reward_model"]["ground_truth"]["question_content"]
     HierRReward(judge=judge)(row, [CALL, SUMMARY], tool_responses=["r"])
     assert judge.seen[-1][0] == "Q?"                                  # last user message
@@ -404,35 +375,33 @@ def test_omission_penalty():
     judge = FixedJudge()
     reward = HierRReward(judge=judge)
     out = reward(ROW, ["It will probably rain."], tool_responses=["r"])
-    assert (out["score"], out["should_call_but_no_call"], out["summary"]) == (-0.5, 1.0, 0.0)
-    # a call only inside <think> is no call
-    out = reward(ROW, [f"<think>{CALL}</think>It will rain."], tool_responses=["r"])
-    assert (out["score"], out["should_call_but_no_call"]) == (-0.5, 1.0)
+    assert (out.score, out.parts["should_call_but_no_call"], out.parts["summary"]) == (-0.5, 1.0, 0.0)
     assert judge.seen == []                                           # the judge is not asked
+    # (a call only inside <think> is no call: the corpus's hierr-unbalanced-call-inside-think)
     # a dangling "</think>" is kept (official: only complete pairs are removed): the call counts, and the
     # judge sees the last turn as it is
     out = reward(ROW, ["plan</think>" + CALL, "read</think>" + SUMMARY], tool_responses=["r"])
-    assert (out["should_call_but_no_call"], out["process"]) == (0.0, 1.0)
+    assert (out.parts["should_call_but_no_call"], out.parts["process"]) == (0.0, 1.0)
     assert judge.seen[-1][2] == "read</think>" + SUMMARY
     # an opening tag is a tag: no omission. The block never closes, so nothing is valid: format 0/1, name 0,
     # key = value = 0 (no prediction), parallel 0 (0 calls vs 1) -> process 0; no valid call, so the "r"
     # passed in answered debris and is no real response: summary 0 without the judge -> score 0
     n_seen = len(judge.seen)
     out = reward(ROW, ["<tool_call>{oops", SUMMARY], tool_responses=["r"])
-    assert (out["should_call_but_no_call"], out["score"], out["no_tool_response"]) == (0.0, 0.0, 1.0)
+    assert (out.parts["should_call_but_no_call"], out.score, out.parts["no_tool_response"]) == (0.0, 0.0, 1.0)
     # the official rule looks for the opening tag only: a lone </tool_call> is an omission (-0.5), and every
     # component is reported as 0 (name would be 0 anyway; here format 0/1 too)
     out = reward(ROW, ["</tool_call>", SUMMARY], tool_responses=["r"])
-    assert (out["should_call_but_no_call"], out["score"], out["process"]) == (1.0, -0.5, 0.0)
+    assert (out.parts["should_call_but_no_call"], out.score, out.parts["process"]) == (1.0, -0.5, 0.0)
     assert len(judge.seen) == n_seen                                  # neither case asked the judge
     # flat gold of names (no arguments) and no opening tag: key = value = 1 would give process 0.35, but the
     # omission reports 0 for every component, as the official reward
     out = reward({**ROW, "gold_tool_calls": ["get_weather"]}, ["It rains."])
-    assert out["score"] == -0.5 and all(out[k] == 0 for k in (*COMPONENTS, "process", "summary"))
+    assert out.score == -0.5 and all(out.parts[k] == 0 for k in (*COMPONENTS, "process", "summary"))
     # irrelevant subset: gold [] and no call is no omission: process 0.9 + summary 0 (no real response)
     out = reward({**ROW, "gold_tool_calls": []}, [SUMMARY], tool_responses=["r"])
-    assert (out["should_call_but_no_call"], out["score"]) == (0.0, pytest.approx(0.9))
-    assert HierRReward(omission_score=-1.0)(ROW, ["no"])["score"] == -1.0
+    assert (out.parts["should_call_but_no_call"], out.score) == (0.0, pytest.approx(0.9))
+    assert HierRReward(omission_score=-1.0)(ROW, ["no"]).score == -1.0
 
 
 def test_only_real_tool_responses_reach_the_judge():
@@ -440,14 +409,14 @@ def test_only_real_tool_responses_reach_the_judge():
     reward = HierRReward(judge=judge)
     # a valid call: the responses passed in are the environment's real ones -> judged, 1 + 0.75
     out = reward(ROW, [CALL, SUMMARY], tool_responses=['{"rain": true}'])
-    assert (out["score"], out["no_tool_response"], len(judge.seen)) == (1.75, 0.0, 1)
+    assert (out.score, out.parts["no_tool_response"], len(judge.seen)) == (1.75, 0.0, 1)
     # no valid block (unknown tool, bad JSON): whatever responses a caller passes answered debris -> the
     # judge is not asked, summary 0; process: format 0/1, name 0, key = value = 0, parallel 0 -> 0
     for debris in ('<tool_call>{"name": "zzz", "arguments": {}}</tool_call>', "<tool_call>{x</tool_call>"):
         out = reward(ROW, [debris, SUMMARY], tool_responses=['{"error": "unknown tool: zzz"}'])
-        assert (out["score"], out["summary"], out["no_tool_response"], out["valid_call"]) == (0, 0, 1, 0)
+        assert (out.score, out.parts["summary"], out.parts["no_tool_response"], out.parts["valid_call"]) == (0, 0, 1, 0)
         out = reward(ROW, [debris + "<tool_response>{\"error\": \"x\"}</tool_response>" + SUMMARY])
-        assert out["summary"] == 0                                    # nor from a transcript
+        assert out.parts["summary"] == 0                                    # nor from a transcript
     assert len(judge.seen) == 1
 
 
@@ -457,11 +426,11 @@ def test_no_call_prompts_pay_no_summary_unless_official():
     # (no gold arguments), parallel 0 (1 call vs 0) -> process 0.45
     judge = FixedJudge()
     out = HierRReward(judge=judge)(row, [CALL, SUMMARY], tool_responses=["r"])
-    assert (out["score"], out["summary"], judge.seen) == (pytest.approx(0.45), 0.0, [])  # default "zero"
+    assert (out.score, out.parts["summary"], judge.seen) == (pytest.approx(0.45), 0.0, [])  # default "zero"
     # the official reward judges it: 0.45 + 0.75 = 1.2 > 0.9, the direct answer's score
     out = HierRReward(judge=judge, no_call_summary="judge")(row, [CALL, SUMMARY], tool_responses=["r"])
-    assert (out["score"], out["summary"], len(judge.seen)) == (pytest.approx(1.2), 0.75, 1)
-    assert HierRReward(no_call_summary="judge")(row, [SUMMARY])["score"] == pytest.approx(0.9)
+    assert (out.score, out.parts["summary"], len(judge.seen)) == (pytest.approx(1.2), 0.75, 1)
+    assert HierRReward(no_call_summary="judge")(row, [SUMMARY]).score == pytest.approx(0.9)
     with pytest.raises(ValueError, match=r"reward\.no_call_summary='always'"):
         HierRReward(no_call_summary="always")
 
@@ -469,43 +438,6 @@ def test_no_call_prompts_pay_no_summary_unless_official():
 def test_extract_tool_responses():
     text = "<tool_response> a </tool_response>x<tool_response>b</tool_response>"
     assert extract_tool_responses(text) == ["a", "b"]
-
-
-# ------------------------------------------------------------------------------------------------ fuzz
-FRAGMENTS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>",
-             '{"name": "f", "arguments": {"x": 1}}', '[{"name": "g", "parameters": {}}]', '{"name": "zzz"}',
-             '{"name": "f", "arguments": {"x": "1"}}', "[", "{", '"', "null", "[[[[", "]]"]
-TEXT = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=20), max_size=12).map("".join)
-GOLD = st.lists(st.lists(st.builds(call, st.sampled_from(["f", "g", "h"])) |
-                         st.just(call("f", x=1)), max_size=3), max_size=3)
-
-
-@settings(max_examples=150, deadline=None)
-@given(TEXT, GOLD)
-def test_fuzz_components_in_unit_interval(text, gold):
-    s = tool_process_score(text, gold, ALLOWED)
-    assert all(0.0 <= s[k] <= 1.0 for k in (*COMPONENTS, "process"))
-    out = HierRReward()({"gold_tool_calls": gold, "allowed_tools": ALLOWED, "question": "q"}, [text, text])
-    assert -0.5 <= out["score"] <= 2.0 and 0.0 <= out["summary"] <= 1.0
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.text(max_size=200))
-def test_fuzz_arbitrary_text_never_raises(text):
-    tool_process_score(text, [[call("f", x=1)]], ALLOWED)
-    parse_tool_calls(f"<tool_call>{text}</tool_call>", ALLOWED)
-    final_reply(text)
-
-
-JSONV = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-                     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3),
-                     max_leaves=6)
-
-
-@settings(max_examples=150, deadline=None)
-@given(JSONV, JSONV)
-def test_fuzz_loose_equal_never_raises(a, b):
-    assert isinstance(loose_equal(a, b), bool)
 
 
 # ------------------------------------------------------------------------------------------------ per turn
@@ -537,14 +469,14 @@ def test_reward_returns_per_turn_tool_scores_and_scores_alternatives_alike():
     replies = [tc(call("f", x=1)), tc(call("g", y=3)), SUMMARY]
     out = reward(row, replies, tool_responses=["r1", "r2"])
     # The last reply is the summary (SLCA's rule); the two before are tool turns 0 and 1 (table above).
-    assert out["tool_scores"] == pytest.approx([1.0, 0.80]) and out["tool_turn_mask"] == [1.0, 1.0]
-    assert out["tool_exact"] == [1.0, 0.0] and out["gold_steps"] == 2.0
+    assert out.turns["tool_scores"] == pytest.approx([1.0, 0.80]) and out.turns["tool_turn_mask"] == [1.0, 1.0]
+    assert out.turns["tool_exact"] == [1.0, 0.0] and out.parts["gold_steps"] == 2.0
     # The whole-rollout process score is unchanged: value (1 + 0) / 2 = 0.5 -> .1 + .25 + .15 + .1 + .3 = 0.9
-    assert out["process"] == pytest.approx(0.9)
+    assert out.parts["process"] == pytest.approx(0.9)
     assert reward.turn_score(row, 1, tc(call("g", y=2))) == pytest.approx(1.0)
     assert reward.turn_score(row, 1, "<think>x</think>" + tc(call("g", y=3))) == pytest.approx(0.80)
     single = reward(row, [SUMMARY])  # one reply: a summary, no tool turn
-    assert single["tool_scores"] == [] and single["tool_turn_mask"] == [] and single["tool_exact"] == []
+    assert single.turns["tool_scores"] == [] and single.turns["tool_turn_mask"] == [] and single.turns["tool_exact"] == []
 
 
 # ------------------------------------------------------------------------------------------------ official parity
@@ -556,8 +488,6 @@ def test_flat_gold_is_one_parallel_step():
     assert normalize_gold_calls(gold) == [gold]
     assert tool_process_score(tc(gold), gold, ALLOWED)["process"] == pytest.approx(1.0)
     assert tool_process_score(tc(gold[0]) + tc(gold[1]), gold, ALLOWED)["process"] == pytest.approx(0.70)
-    with pytest.raises(ValueError, match=r"gold_tool_calls\[1\] must be a list, got str"):
-        normalize_gold_calls([[call("f")], "g"])  # a mixture of the nested and flat forms
 
 
 @pytest.mark.parametrize("allowed", [None, []], ids=["absent", "empty"])
@@ -570,10 +500,10 @@ def test_a_row_without_allowed_tools_scores_zero(allowed):
         row["allowed_tools"] = allowed
     reward = HierRReward(judge=judge)
     out = reward(row, [CALL, SUMMARY], tool_responses=["r"])
-    assert out["score"] == 0 and all(out[k] == 0 for k in (*COMPONENTS, "process", "summary"))
-    assert (out["should_call_but_no_call"], out["tool_scores"], judge.seen) == (0.0, [0.0], [])
+    assert out.score == 0 and all(out.parts[k] == 0 for k in (*COMPONENTS, "process", "summary"))
+    assert (out.parts["should_call_but_no_call"], out.turns["tool_scores"], judge.seen) == (0.0, [0.0], [])
     assert reward.turn_score(row, 0, CALL) == 0.0
-    assert reward({**row, "allowed_tools": ["get_weather"]}, [CALL, SUMMARY], tool_responses=["r"])["score"] == 1.75
+    assert reward({**row, "allowed_tools": ["get_weather"]}, [CALL, SUMMARY], tool_responses=["r"]).score == 1.75
 
 
 def test_the_judge_sees_the_results_of_the_good_items_of_a_partly_bad_block():
@@ -583,5 +513,5 @@ def test_the_judge_sees_the_results_of_the_good_items_of_a_partly_bad_block():
     judge = FixedJudge()
     block = tc([call("get_weather", city="Seoul"), call("zzz")])
     out = HierRReward(judge=judge)(ROW, [block, SUMMARY], tool_responses=['{"rain": true}'])
-    assert (out["process"], out["summary"], out["score"], out["valid_call"]) == (0.0, 0.75, 0.75, 0.0)
+    assert (out.parts["process"], out.parts["summary"], out.score, out.parts["valid_call"]) == (0.0, 0.75, 0.75, 0.0)
     assert judge.seen == [(ROW["question"], ['{"rain": true}'], SUMMARY)]

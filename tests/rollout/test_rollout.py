@@ -7,8 +7,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from lit_credit.models import build_tokenizer, token_logprobs
 from lit_credit.rollout import ChatCodec, HFEngine, run_episodes, to_batch
-from lit_credit.tasks import Environment, Feedback
-from lit_credit.types import SamplingParams
+from lit_credit.tasks.base import SingleTurnEnvironment
+from lit_credit.types import Feedback, RewardResult, SamplingParams
 
 CORPUS = ["What is 3 + 4?\n7", "Try again. Wrong answer.", "<tool_call>{}</tool_call>"] * 20
 
@@ -54,8 +54,9 @@ def test_greedy_is_deterministic_and_matches_batch_of_one(policy):
 def test_behaviour_logprobs_equal_trainer_logprobs(policy):
     model, tok, engine = policy
     codec = ChatCodec(tok)
-    episodes = run_episodes(engine, codec, Environment(), ROWS, [0, 1], SamplingParams(n=4, max_new_tokens=6))
-    batch = to_batch(episodes, [{"score": 0.0}] * len(episodes), codec.pad_id)
+    episodes = run_episodes(engine, codec, SingleTurnEnvironment(), ROWS, [0, 1],
+                            SamplingParams(n=4, max_new_tokens=6))
+    batch = to_batch(episodes, [RewardResult(0.0)] * len(episodes), codec.pad_id)
     logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask)
     gap = ((logp - batch.behaviour_logprobs).abs() * batch.response_mask).max()
     assert gap < 1e-4  # the engine samples from exactly the weights the trainer differentiates
@@ -91,8 +92,8 @@ def test_engine_trainer_gap_at_the_sampling_temperature(policy):
     model, tok, engine = policy
     codec = ChatCodec(tok)
     sampling = SamplingParams(n=4, temperature=0.7, max_new_tokens=6)
-    episodes = run_episodes(engine, codec, Environment(), ROWS, [0, 1], sampling)
-    batch = to_batch(episodes, [{"score": 0.0}] * len(episodes), codec.pad_id, sampling.temperature)
+    episodes = run_episodes(engine, codec, SingleTurnEnvironment(), ROWS, [0, 1], sampling)
+    batch = to_batch(episodes, [RewardResult(0.0)] * len(episodes), codec.pad_id, sampling.temperature)
     assert batch.temperature == 0.7 and batch.select(torch.tensor([1, 0])).temperature == 0.7
     mask = batch.response_mask
 
@@ -136,7 +137,7 @@ def test_stop_strings_end_the_turn(policy):
     assert cut.token_ids == free.token_ids[: k + 1] and cut.logprobs == free.logprobs[: k + 1]
 
 
-class TwoTurns(Environment):
+class TwoTurns(SingleTurnEnvironment):
     """Always asks once more after the first reply; scores turn k as k / 2."""
 
     max_turns = 2
@@ -159,7 +160,7 @@ def test_multi_turn_loop_masks_injected_feedback(policy):
         feedback = codec.feedback_ids([{"role": "user", "content": "Try again."}], reply_closed=closed)
         assert ep.token_ids == prompt + turn0 + feedback + turn1
         assert ep.response_mask == [0] * len(prompt) + [1] * len(turn0) + [0] * len(feedback) + [1] * len(turn1)
-    batch = to_batch(episodes, [{"score": 1.0, "correct": 1.0}] * 2, codec.pad_id)
+    batch = to_batch(episodes, [RewardResult(1.0, {"correct": 1.0})] * 2, codec.pad_id)
     assert batch.group_ids.tolist() == [7, 7]
     assert batch.turn_scores.tolist() == [[0.0, 0.5], [0.0, 0.5]] and batch.turn_mask.all()
     assert ((batch.turn_ids >= 0) == (batch.response_mask > 0)).all()
@@ -168,11 +169,17 @@ def test_multi_turn_loop_masks_injected_feedback(policy):
     for i, ep in enumerate(episodes):
         assert lengths[i] == len(ep.token_ids)
         assert (batch.input_ids[i, lengths[i]:] == codec.pad_id).all()
-    assert batch.reward_parts["correct"].tolist() == [1.0, 1.0]
-    # Per-turn list parts are right-padded with 0 to the batch's K turns.
-    per_turn = to_batch(episodes, [{"score": 1.0, "tool_scores": [0.5]}, {"score": 0.0, "tool_scores": []}],
-                        codec.pad_id)
-    assert per_turn.reward_parts["tool_scores"].tolist() == [[0.5, 0.0], [0.0, 0.0]]
+    assert batch.reward_parts["correct"].tolist() == [1.0, 1.0] and batch.turn_parts == {}
+    assert all("reward_extras" not in m for m in batch.metadata)  # no extras: no key
+    # Per-turn lists go to turn_parts, right-padded with 0 to the batch's K = 2 turns (or the longest list:
+    # 3 for "long"); a reward's extras to that episode's metadata, untouched.
+    per_turn = to_batch(episodes, [RewardResult(1.0, {"correct": 1.0}, {"tool_scores": [0.5]}, {"judge": "yes"}),
+                                   RewardResult(0.0, {}, {"tool_scores": [], "long": [1.0, 2.0, 3.0]})], codec.pad_id)
+    assert per_turn.turn_parts["tool_scores"].tolist() == [[0.5, 0.0], [0.0, 0.0]]
+    assert per_turn.turn_parts["long"].tolist() == [[0.0, 0.0, 0.0], [1.0, 2.0, 3.0]]  # episode 0 has no list
+    assert per_turn.reward_parts == {"correct": per_turn.reward_parts["correct"]}  # no per-turn list in parts
+    assert per_turn.reward_parts["correct"].tolist() == [1.0, 0.0] and per_turn.scores.tolist() == [1.0, 0.0]
+    assert per_turn.metadata[0]["reward_extras"] == {"judge": "yes"} and "reward_extras" not in per_turn.metadata[1]
 
 
 def test_feedback_is_capped_at_a_token_budget(policy):

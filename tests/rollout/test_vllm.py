@@ -30,7 +30,9 @@ TOL = 1e-4  # engine vs trainer log-probs of the same tokens, float32
 
 @pytest.fixture(scope="module")
 def policy(cache_dir):
-    return PolicySource(embedded=EmbeddedPolicy(ArithTask(**TASK), cache_dir=str(cache_dir), **RECIPE)).load()
+    source = PolicySource(embedded=EmbeddedPolicy(ArithTask(**TASK), cache_dir=str(cache_dir), **RECIPE))
+    source.prepare()  # load() only loads
+    return source.load()
 
 
 @pytest.fixture(scope="module")
@@ -317,7 +319,7 @@ def grpo_cfg(make_cfg, *extra: str):
 def test_grpo_run_keeps_the_engine_in_sync(make_cfg, temperature):
     # At T = 0.7 the batches carry T and the trainer's log-probs are taken at it: the gap stays at rounding.
     module, datamodule, trainer = build(grpo_cfg(make_cfg, f"data.sampling.temperature={temperature}"))
-    assert isinstance(datamodule.engine, VLLMEngine)
+    assert isinstance(datamodule.experience.engine, VLLMEngine)
     gaps = []
     log_dict = module.log_dict
 
@@ -334,16 +336,16 @@ def test_grpo_run_keeps_the_engine_in_sync(make_cfg, temperature):
     assert trainer.global_step == 3 and len(gaps) == 3
     assert moved > 1e-3, "the policy should have moved, or the sync is not exercised"
     assert max(gaps) < 1e-5
-    datamodule.engine.close()
+    datamodule.experience.engine.close()
 
 
 def test_grpo_run_without_weight_sync_trips_the_guard(make_cfg):
     module, datamodule, trainer = build(grpo_cfg(make_cfg))
-    datamodule.engine.update_weights = lambda model: None  # a sync that never takes
+    datamodule.experience.engine.update_weights = lambda model: None  # a sync that never takes
     with pytest.raises(RuntimeError, match="stale weights"):
         trainer.fit(module, datamodule=datamodule)
     assert trainer.global_step >= 1
-    datamodule.engine.close()
+    datamodule.experience.engine.close()
 
 
 def test_dpa_run_pushes_the_sampling_roles_adapter(make_cfg):
@@ -361,7 +363,7 @@ def test_dpa_run_pushes_the_sampling_roles_adapter(make_cfg):
     module, datamodule, trainer = build(cfg)
     trainer.fit(module, datamodule=datamodule)
     assert trainer.global_step == 4  # 2 rounds x (verifier, generator) with a validation after each
-    engine, codec = datamodule.engine, datamodule.codec
+    engine, codec = datamodule.experience.engine, datamodule.experience.codec
     with torch.no_grad():  # set the two adapters clearly apart (this weak policy's game gives them few gradients)
         for p in module.adapter_params("verifier"):
             p.normal_(0.0, 0.3)

@@ -1,4 +1,5 @@
-"""Task ``form`` (DPA-GRPO's line decisions) and the form oracle reward; values worked by hand."""
+"""Task ``form`` (DPA-GRPO's line decisions); values worked by hand. The form oracle reward and the dollar
+parsers: tests/rewards/test_rewards_form_line.py."""
 from __future__ import annotations
 
 import json
@@ -8,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from lit_credit.rewards import FormLineReward
-from lit_credit.rewards.form_line import parse_value
 from lit_credit.tasks import FormTask
 from lit_credit.tasks.form import (
     INSTRUCTIONS,
@@ -55,8 +54,6 @@ def test_role_prompts_and_the_gold_challenge():
 
 
 def test_parsers():
-    assert parse_value("37700") == 37700 and parse_value(" $1,234\nmore") == 1234 and parse_value("abc") is None
-    assert parse_value("") is None
     sac = action_text("15", "SAC") + '\n{"claim": "5", "argument": "a", "evidence": "b"}'
     assert parse_decision(sac, ("SAC", "NS")) == ("SAC", {"claim": "5", "argument": "a", "evidence": "b"})
     assert parse_decision(action_text("15", "SAC"), ("SAC", "NS")) == ("SAC", {})  # no challenge line
@@ -139,10 +136,5 @@ def _gold_of(task: FormTask, user: str, line: str) -> int:
     return row["gold"]
 
 
-def test_form_line_reward_strict_and_lenient():
-    reward, row = FormLineReward(), {"gold": 1234}
-    assert reward(row, ["$1,234"]) == {"score": 1.0, "strict": 1.0, "lenient": 1.0, "parsable": 1.0}
-    assert reward(row, ["1239"]) == {"score": 0.0, "strict": 0.0, "lenient": 1.0, "parsable": 1.0}  # |5| <= 5
-    assert reward(row, ["1240"])["lenient"] == 0.0  # |6| > 5
-    assert reward(row, ["twelve"]) == {"score": 0.0, "strict": 0.0, "lenient": 0.0, "parsable": 0.0}
+def test_nineteen_lines_are_evaluated():
     assert len(EVALUATED_LINES) == 19

@@ -90,7 +90,7 @@ def test_continue_mode_episodes_run_k_turns_and_the_final_turn_decides():
     reward = FinalTurnReward()
     parts = [reward(ep.row, ep.replies, turn_scores=ep.turn_scores) for ep in episodes]
     # final-turn score: KEPT 1, LOST 0 (its turn-1 success does not count), LATE 1; best is 1 for all three.
-    assert [p["score"] for p in parts] == [1.0, 0.0, 1.0] and [p["best"] for p in parts] == [1.0] * 3
+    assert [p.score for p in parts] == [1.0, 0.0, 1.0] and [p.parts["best"] for p in parts] == [1.0] * 3
     batch = to_batch(episodes, parts, codec.pad_id)
     assert batch.turn_mask.all() and batch.scores.tolist() == [1.0, 0.0, 1.0]
 
@@ -140,3 +140,32 @@ def test_the_embedded_cache_key_follows_the_protocol():
     # The demonstrations (and so the tokenizer corpus and the SFT data) differ: a different cache directory.
     assert path(stop_on_success=False) != path(stop_on_success=True)
     assert path(stop_on_success=False) == path(stop_on_success=False)
+
+
+def test_math_verdict_scores_and_hints():
+    row = {"answer": "12"}
+    assert math_verdict(row, "12").score == 1.0
+    assert math_verdict(row, "The answer is 12.").score == 1.0
+    assert (math_verdict(row, "15").score, math_verdict(row, "15").feedback) == (0.0, "15 is too high. Try again.")
+    assert math_verdict(row, "9").feedback == "9 is too low. Try again."
+    assert math_verdict(row, "no idea").feedback == "No answer found. Reply with the answer."
+
+
+def test_math_revise_splits_environment_and_revision_demos():
+    task = MathReviseTask(num_train=300, num_test=30, max_turns=3, seed=1)
+    train, test = task.dataset("train"), task.dataset("test")
+    assert len(train) == 300 and len(test) == 30 and not set(train["id"]) & set(test["id"])
+    assert MathReviseTask(num_train=300, num_test=30, seed=1).dataset("test")["id"] == test["id"]
+    row = test[0]
+    env = task.environment()
+    assert env.step(row, 0, row["answer"]).done and env.step(row, 0, row["answer"]).score == 1.0
+    miss = env.step(row, 0, str(int(row["answer"]) + 1))
+    assert not miss.done and miss.score == 0.0 and miss.messages[0]["role"] == "user"
+    assert env.step(row, 2, "nope").done  # the turn budget ends the episode
+    demos = list(task.demonstrations(200, seed=0))
+    revised = [d for d in demos if len(d["messages"]) == 4]
+    assert 0.25 < len(revised) / len(demos) < 0.55  # revise_frac 0.4
+    for d in revised:  # the feedback is exactly what the environment says to the wrong first answer
+        question = {"answer": d["messages"][3]["content"]}
+        assert d["messages"][2]["content"] == math_verdict(question, d["messages"][1]["content"]).feedback
+    assert not {d["messages"][0]["content"] for d in demos} & set(test["id"])

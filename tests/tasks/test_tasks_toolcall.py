@@ -253,12 +253,12 @@ def test_demonstrations_match_the_reward_the_environment_and_the_test_split(task
         tool_messages = [m["content"] for m in messages if m["role"] == "tool"]
         parts = tool_process_score("\n".join(replies), row["gold_tool_calls"], row["allowed_tools"])
         scored = reward(row, replies, tool_responses=tool_messages)
-        assert "<tool_call>" not in replies[-1] and scored["should_call_but_no_call"] == 0
+        assert "<tool_call>" not in replies[-1] and scored.parts["should_call_but_no_call"] == 0
         if row["subset"] == "irrelevant":  # no tag: format is 0, so 0.9 is the most an irrelevant row can get
             assert parts["process"] == pytest.approx(0.9) and tool_messages == [] and len(replies) == 1
             continue
         assert parts["process"] == pytest.approx(1.0)
-        assert scored["summary"] >= 0.5  # the rubric judge finds the facts of the responses in the summary
+        assert scored.parts["summary"] >= 0.5  # the rubric judge finds the facts of the responses in the summary
         replayed = []  # the environment answers the gold turns with exactly the demo's tool messages
         for turn, reply in enumerate(replies):
             fb = env.step(row, turn, reply)
@@ -304,7 +304,7 @@ def test_chain_steps_copy_a_value_of_the_previous_response_and_gold_turns_score_
                 assert str(nxt["arguments"][in_key]) == str(result[out_key])
         replies = [m["content"] for m in demo["messages"] if m["role"] == "assistant"]
         scored = reward(row, replies)
-        assert scored["tool_scores"] == [1.0] * len(steps) and scored["tool_exact"] == [1.0] * len(steps)
+        assert scored.turns["tool_scores"] == [1.0] * len(steps) and scored.turns["tool_exact"] == [1.0] * len(steps)
     assert set(depths) == {2, 3}
     assert set(task.dataset("test")["subset"]) == {"chain"}
 
@@ -320,7 +320,7 @@ class TopJudge(SummaryJudge):
 
 
 def play(env, reward, row, replies):
-    """One episode as ``run_episodes`` + ``RolloutDataModule.score`` play it, with scripted replies: each
+    """One episode as ``run_episodes`` + ``Experience.score`` play it, with scripted replies: each
     reply goes to the environment; the episode ends when it is done (or at its last turn), and the responses
     of the turns before are what the reward is given."""
     used, responses = [], []
@@ -373,13 +373,13 @@ def test_no_reply_beats_the_direct_answer_on_irrelevant_prompts(task, judge, end
         # the right direct answer: no tag -> format 0, name 1 (both empty), key = value = 1 (no gold arguments),
         # parallel 1 (0 calls == 0) = 0.9; no tool response -> summary 0: score 0.9
         direct = play(env, reward, row, [answer])
-        assert (direct["score"], direct["summary"], direct["tool_tag"]) == (pytest.approx(0.9), 0.0, 0.0)
+        assert (direct.score, direct.parts["summary"], direct.parts["tool_tag"]) == (pytest.approx(0.9), 0.0, 0.0)
         for form, replies in debris_forms(answer).items():
             out = play(env, reward, row, replies)
             # debris holds no valid block: process 0.9 as above (format 0 of >= 1 tag); the environment's
             # error answers are no real response -> summary 0: a tie with the direct answer, never more
-            assert out["score"] <= direct["score"] + 1e-9, form
-            assert (out["summary"], out["valid_call"], out["tool_tag"]) == (0.0, 0.0, 1.0), form
+            assert out.score <= direct.score + 1e-9, form
+            assert (out.parts["summary"], out.parts["valid_call"], out.parts["tool_tag"]) == (0.0, 0.0, 1.0), form
         # a real, valid call to an allowed tool, then a faithful summary of its result: format 1, name 0
         # (a call where none is due), key = value = 1, parallel 0 (1 call vs 0) = 0.45; the summary of a
         # no-call prompt is 0 (no_call_summary="zero"): 0.45 < 0.9
@@ -387,16 +387,16 @@ def test_no_reply_beats_the_direct_answer_on_irrelevant_prompts(task, judge, end
         c = calls[name]
         replies = [tool_call_text([c]), fact(name, c["arguments"], sim.respond(c)) + " " + answer]
         out = play(env, reward, row, replies)
-        assert (out["score"], out["summary"], out["valid_call"]) == (pytest.approx(0.45), 0.0, 1.0)
+        assert (out.score, out.parts["summary"], out.parts["valid_call"]) == (pytest.approx(0.45), 0.0, 1.0)
         # the official reward (no_call_summary="judge") judges it like any reply backed by a tool result:
         # 0.45 + the judge's score, which beats the direct answer whenever the judge gives more than 0.45
         official = play(env, HierRReward(judge=judge, no_call_summary="judge"), row, replies)
-        assert official["score"] == pytest.approx(0.45 + official["summary"]) and official["summary"] > 0
+        assert official.score == pytest.approx(0.45 + official.parts["summary"]) and official.parts["summary"] > 0
         if isinstance(judge, TopJudge):
-            assert official["score"] == pytest.approx(1.45) and official["score"] > direct["score"]
+            assert official.score == pytest.approx(1.45) and official.score > direct.score
         # debris stays harmless under the official setting too: no real response, nothing to judge
         for form, replies in debris_forms(answer).items():
-            assert play(env, HierRReward(judge=judge, no_call_summary="judge"), row, replies)["summary"] == 0, form
+            assert play(env, HierRReward(judge=judge, no_call_summary="judge"), row, replies).parts["summary"] == 0, form
 
 
 def plan_replies(row) -> list[str]:
@@ -416,7 +416,7 @@ def test_debris_never_beats_the_right_plan_on_multi_step_prompts(judge, subset, 
         plan = plan_replies(row)
         right = play(env, reward, row, plan)
         # every gold step executed: process 1; the summary is judged against the real responses
-        assert right["process"] == pytest.approx(1.0) and right["summary"] > 0
+        assert right.parts["process"] == pytest.approx(1.0) and right.parts["summary"] > 0
         calls, summary = plan[:-1], plan[-1]
         variants = {f"{form}, no plan": replies for form, replies in debris_forms(summary).items()}
         for form, replies in debris_forms(summary).items():
@@ -430,7 +430,7 @@ def test_debris_never_beats_the_right_plan_on_multi_step_prompts(judge, subset, 
             # without the plan: no valid call -> process 0 and no real response -> summary 0 (a lone close
             # tag is an omission, -0.5). With the plan: the same real responses, but format < 1 (a tag that
             # is no valid block) -> process < 1. Either way below the right plan.
-            assert out["score"] < right["score"], (row["id"], name)
+            assert out.score < right.score, (row["id"], name)
 
 
 # ------------------------------------------------------------------------------------------------ parquet

@@ -1,0 +1,176 @@
+"""The interfaces of every layer, in one place (docs/design.md, "Extension points").
+
+Bottom to top, each is what one layer offers the next:
+
+- :class:`RolloutEngine` (rollout): token prompts in, sampled :class:`~lit_credit.types.Completion` s out;
+- :class:`Environment` (tasks): answers one assistant turn with :class:`~lit_credit.types.Feedback`;
+- :class:`Reward` (rewards): one finished episode in, a :class:`~lit_credit.types.RewardResult` out;
+- :class:`CreditEstimator` (credit): a :class:`~lit_credit.types.RolloutBatch` in, token advantages out;
+- :class:`Sampler` (rollout): the experience layer as augmenters and games see it: every generation of a
+  training step goes through it, with the engine's retries, failure counts and sleep / wake;
+- :class:`Augmenter` (rollout): adds experience a credit estimator needs to a scored batch (TCPO's
+  counterfactual alternatives);
+- :class:`Actor` and :class:`Game` (tasks): a multi-role game the module drives; the actor callback samples
+  one role's replies (the module switches that role's adapter in);
+- :class:`MetricSet` (analysis): a method's rollout metrics of a batch.
+
+Concrete classes need not inherit from these Protocols (but :class:`CreditEstimator`, an ABC whose
+``__repr__`` every estimator shares): matching the signatures is enough.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from lit_credit.types import Completion, CreditOutput, Feedback, RewardResult, RolloutBatch, SamplingParams
+
+Messages = list[dict[str, str]]
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Samples continuations of token prompts with behaviour log-probs.
+
+    ``bind`` hands the engine the trainer's policy once; ``update_weights`` is called after every
+    optimiser step (the engine must then sample from the new weights); ``sleep``/``wake`` free and
+    restore engine memory between rollout phases (no-ops where meaningless). An engine whose
+    ``enable_sleep_mode`` attribute is true is put to sleep once a training step's generation is done
+    (:meth:`Sampler.release`) and woken before the new weights are pushed (``sync_weights``): per step
+    ``generate``, ``sleep``, the policy update, ``wake``, ``update_weights``. Without that attribute (HFEngine,
+    which samples from the trainer's own policy) ``sleep``/``wake`` are never called.
+    """
+
+    def bind(self, model: torch.nn.Module, tokenizer: Any) -> None: ...
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]: ...
+
+    def update_weights(self, model: torch.nn.Module) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """Answers each assistant turn of an episode, up to ``max_turns`` turns: tool results, verifier feedback,
+    a per-turn score, or the end of the episode (``Feedback.done``). A task makes one
+    (:meth:`lit_credit.tasks.Task.environment`)."""
+
+    max_turns: int
+
+    def step(self, row: dict[str, Any], turn: int, reply: str) -> Feedback: ...
+
+
+@runtime_checkable
+class Reward(Protocol):
+    """Scores one episode. ``replies`` are the assistant turns' texts, in order; ``tool_responses`` are
+    the environment's answers the policy saw (tool outputs, in order), for rewards that judge their use;
+    ``turn_scores`` are the environment's per-turn verifier scores (None where a turn was not scored).
+
+    Returns a :class:`~lit_credit.types.RewardResult`: the total ``score``, named float ``parts``, per-turn
+    lists ``turns`` and non-numeric ``extras``. Bad model output is never an exception: it scores 0 and the
+    reason is a part (e.g. ``format``). A reward whose score is a weighted sum of named parts says so in an
+    optional ``part_weights`` attribute (``{part: weight}``; HierR's ``process`` and ``summary``), which every
+    batch carries as ``reward_weights`` (SLCA's segment weights, the success normaliser).
+    """
+
+    def __call__(self, row: dict[str, Any], replies: list[str],
+                 tool_responses: Sequence[str] | None = None,
+                 turn_scores: Sequence[float | None] | None = None) -> RewardResult: ...
+
+
+class CreditEstimator(ABC):
+    """``RolloutBatch -> CreditOutput``: per-token advantages, zero wherever ``response_mask == 0``.
+
+    A small plain class with keyword-only, type-hinted ``__init__`` arguments stored as attributes, so Hydra
+    (``_target_``) and LightningCLI (``class_path``) build the same object. Every estimator first runs
+    :func:`~lit_credit.credit.registry.check_batch` on the fields it reads, so an empty batch, a field with the
+    wrong number of rows or a NaN / inf input is a ``ValueError`` naming the field, never NaN credit.
+    ``needs`` names the ``batch.extras`` an :class:`Augmenter` must add first (TCPO's counterfactual preset:
+    ``{"alt_scores", "cf_mask"}``); the module refuses a configuration where no augmenter provides them.
+    """
+
+    @property
+    def needs(self) -> frozenset[str]:
+        return frozenset()
+
+    @abstractmethod
+    def __call__(self, batch: RolloutBatch) -> CreditOutput: ...
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({args})"
+
+
+class Sampler(Protocol):
+    """The experience layer (:class:`~lit_credit.rollout.Experience`) as augmenters and games use it.
+
+    ``sample``: completions of token prompts (``sampling.n`` each) through the engine's retries (a prompt
+    whose every attempt failed gets ``n`` empty completions, finish reason ``"error"``, counted);
+    ``sample_messages``: the same from chat messages, with their prompt ids; ``verify``: the environment's
+    answer to an alternative reply (an environment that raises ends the episode, counted); ``turn_score``:
+    the reward's score of an alternative tool turn (a reward that raises scores 0, counted).
+    """
+
+    sampling: SamplingParams
+
+    def sample(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]: ...
+
+    def sample_messages(self, messages: Sequence[Messages], sampling: SamplingParams
+                        ) -> tuple[list[list[int]], list[list[Completion]]]: ...
+
+    def verify(self, row: dict[str, Any], turn: int, reply: str) -> Feedback: ...
+
+    def turn_score(self, row: dict[str, Any], turn: int, reply: str) -> float: ...
+
+
+@runtime_checkable
+class Augmenter(Protocol):
+    """Adds experience a credit estimator needs to a scored batch, in place, before credit: the
+    ``batch.extras`` named in ``provides`` (the module runs it only when its estimator ``needs`` them).
+    Every generation goes through ``sampler``. Returns metrics to log."""
+
+    provides: frozenset[str]
+
+    def __call__(self, batch: RolloutBatch, sampler: Sampler) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class Actor(Protocol):
+    """Samples one role's replies to a list of chat prompts for a :class:`Game`: ``(prompt ids, completions)``
+    per prompt, ``sampling.n`` completions each. The module's actor activates the role's adapter (and pushes
+    it to an engine with its own weights) before it samples."""
+
+    def __call__(self, role: str, messages: Sequence[Messages], sampling: SamplingParams
+                 ) -> tuple[list[list[int]], list[list[Completion]]]: ...
+
+
+@runtime_checkable
+class Game(Protocol):
+    """A multi-role game a task offers (DPA-GRPO's verifier / reviser / approver game on a form line).
+
+    ``play`` takes the step's scored proposals and an :class:`Actor`, and returns the game's record: which
+    role acted how, each role's action sequences with their rewards, and metrics. ``training=False`` plays
+    the validation game (no exploration, no choice among revisions). A game holds no model: testable with a
+    scripted actor and no Trainer."""
+
+    roles: tuple[str, ...]
+
+    def play(self, proposals: RolloutBatch, actor: Actor, sampling: SamplingParams, training: bool) -> Any: ...
+
+
+@runtime_checkable
+class MetricSet(Protocol):
+    """A method's rollout metrics of one batch, under ``<stage>/`` (``train``, ``val``), chosen in config
+    (``metrics=tool``, ``metrics=turn``). ``context`` holds what the batch does not: ``max_turns`` (the
+    environment's)."""
+
+    def __call__(self, batch: RolloutBatch, stage: str, context: Mapping[str, Any]) -> dict[str, float]: ...
+
+
+__all__ = ["Actor", "Augmenter", "CreditEstimator", "Environment", "Game", "Messages", "MetricSet", "Reward",
+           "RolloutEngine", "Sampler"]

@@ -1,0 +1,140 @@
+"""What every method module shares: the policy and its frozen reference, log-probs, exact resume, FSDP2."""
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+
+from lit_credit.checkpoint import capture_rng, restore_rng
+from lit_credit.models.logprobs import token_logprobs
+from lit_credit.models.policy import PolicySource, is_peft
+from lit_credit.rollout import Experience
+from lit_credit.types import RolloutBatch, SamplingParams
+
+# Checkpoints hold the state after step N's update, consistent with global_step = N: that is what we want.
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+# The frozen reference is in eval mode on purpose (and HF policies load in eval mode: no dropout in RL).
+warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+
+
+class PolicyModule(L.LightningModule):
+    """The plumbing of a policy-optimisation module with manual optimisation; the algorithm is the subclass's.
+
+    Holds the policy (``policy.load()``: loads, never trains; the entry points prepare the embedded policy
+    first), the frozen reference when ``uses_reference`` (a deep copy; for a LoRA policy the base with adapters
+    disabled, no copy), the optimiser and scheduler factories, ``max_grad_norm`` and the log-prob micro-batch
+    budget. Provides log-probs at the batch's temperature, gradient clipping, FSDP2 sharding, the dropout-off
+    RL mode and exact resume (every random state of the module, its :meth:`random_sources`, the DataModule,
+    reward and judge in the checkpoint).
+    """
+
+    def __init__(self, policy: PolicySource, uses_reference: bool, optimizer: OptimizerCallable = torch.optim.AdamW,
+                 lr_scheduler: LRSchedulerCallable | None = None, max_grad_norm: float = 1.0,
+                 logprob_token_budget: int | None = 16384) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["policy", "uses_reference"])
+        self.automatic_optimization = False
+        self.source = policy
+        self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
+        self.max_grad_norm = max_grad_norm
+        self.logprob_token_budget = logprob_token_budget  # padding-free micro-batches (models.token_logprobs)
+        self._resume_rng: dict[str, Any] | None = None
+        self.policy, self.tokenizer = policy.load()
+        self.uses_reference = uses_reference
+        self.reference = None  # a LoRA policy's reference is itself with adapters disabled
+        if self.uses_reference and not is_peft(self.policy):
+            self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+
+    def configure_model(self) -> None:
+        """FSDP2 under ``ModelParallelStrategy``: ``fully_shard`` each decoder layer, then the policy root.
+
+        A no-op without a device mesh (single device, DDP) and when the policy is already sharded. Lightning
+        calls it before ``configure_optimizers``, so the optimiser sees the sharded (DTensor) parameters. The
+        frozen reference stays whole on every rank.
+        """
+        mesh = self.device_mesh
+        if mesh is None:
+            return
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        if isinstance(self.policy, FSDPModule):
+            return
+        names = mesh.mesh_dim_names or ()
+        dp_mesh = mesh["data_parallel"] if "data_parallel" in names and mesh.ndim > 1 else mesh
+        blocks = set(getattr(self.policy, "_no_split_modules", None) or ())
+        for module in self.policy.modules():
+            if type(module).__name__ in blocks:
+                fully_shard(module, mesh=dp_mesh)
+        fully_shard(self.policy, mesh=dp_mesh)
+
+    @property
+    def rollouts(self):
+        """The DataModule (prompt stream, group ids)."""
+        return self.trainer.datamodule
+
+    @property
+    def experience(self) -> Experience:
+        """The experience layer every generation of a step goes through (bound to the policy)."""
+        return self.trainer.datamodule.bind(self.policy, self.tokenizer)
+
+    def draw(self, rows: list[dict[str, Any]], sampling: SamplingParams | None = None) -> RolloutBatch:
+        """The rollouts of ``rows`` with the current weights (the DataModule mints their group ids; ``sampling``
+        None: the training step's draw of the dataloader's batch at the train sampling), on CPU."""
+        self.rollouts.bind(self.policy, self.tokenizer)
+        return self.rollouts.generate_experience(rows, sampling)
+
+    def random_sources(self) -> dict[str, Any]:
+        """Objects whose private random generators a checkpoint saves: the module itself; subclasses add the
+        parts they own (augmenters, a game)."""
+        return {"module": self}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["rng_states"] = capture_rng(self.random_sources(), self.trainer.datamodule)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._resume_rng = checkpoint.get("rng_states")
+
+    def on_train_start(self) -> None:
+        """Dropout off for RL (the LoRA dropout PEFT leaves in training mode too), so the old, reference and
+        trainer log-probs and the engine's, which samples in eval mode, are of one distribution and the PPO ratio
+        of the first update is exactly 1. Resuming: put back the checkpoint's random states once everything
+        that might draw on setup ran."""
+        self.policy.eval()
+        if self._resume_rng is not None:
+            restore_rng(self._resume_rng, self.random_sources(), self.trainer.datamodule)
+            self._resume_rng = None
+
+    def _logprobs(
+        self, model: torch.nn.Module, batch: RolloutBatch, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[B, T] log-probs under ``model`` at the batch's sampling temperature and, with ``entropy``, the
+        entropy (else None)."""
+        return token_logprobs(model, batch.input_ids, batch.attention_mask, self.logprob_token_budget,
+                              entropy=entropy, temperature=batch.temperature)
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """[B, T] log-probs under the frozen reference (the base with adapters disabled for a LoRA policy), or
+        None when the loss has no KL term."""
+        if not self.uses_reference:
+            return None
+        if self.reference is not None:
+            return self._logprobs(self.reference, batch)[0]
+        with self.policy.disable_adapter():
+            return self._logprobs(self.policy, batch)[0]
+
+    def _step(self, opt, last: bool) -> None:
+        """One optimiser update. Lightning counts the step's last one (``global_step``: one per training step);
+        the others go to the strategy directly, which applies the same precision plugin, uncounted."""
+        if last:
+            opt.step()
+        else:
+            self.trainer.strategy.optimizer_step(opt.optimizer, closure=lambda: None)
+
+    def _clip(self, opt) -> float:
+        params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        return float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))

@@ -1,0 +1,79 @@
+"""Augmenters: experience a credit estimator needs, added to a scored batch before credit (``augment=...``)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Literal
+
+import torch
+
+from lit_credit.credit.tcpo import SELECT_MODES, select_counterfactual_turns
+from lit_credit.interfaces import Sampler
+from lit_credit.types import RolloutBatch
+
+Scorer = Literal["verifier", "reward"]
+
+
+class CounterfactualTurns:
+    """TCPO's fixed-history counterfactual resampling (``augment=counterfactual`` / ``counterfactual_tool``).
+
+    The top ``top_l`` scored turns per group by ``select`` (``surprisal``: mean negative behaviour log-prob of
+    the turn; ``random``, from the augmenter's own generator seeded with ``seed``; ``all``,
+    :func:`~lit_credit.credit.tcpo.select_counterfactual_turns`) are resampled ``samples`` times from their
+    exact history tokens (``input_ids[i, :turn_starts[i, k]]``) with the train sampling settings, through the
+    experience layer (retries, failure counts, engine wake). Each alternative is scored by ``score``:
+
+    - ``verifier``: the environment's verifier at that turn (``sampler.verify(row, k, reply).score``, 0 when
+      it gives none); the scored turns are the reached turns of a batch with ``turn_scores``;
+    - ``reward``: the reward's per-turn score (``sampler.turn_score``, HierR's process score of the reply
+      against gold step k); the scored turns are ``turn_parts["tool_turn_mask"]`` (SLCA x TCPO's tool turns).
+
+    Adds ``batch.extras["alt_scores"]`` [B, K, M] (NaN where not sampled) and ``batch.extras["cf_mask"]``
+    [B, K]; logs ``tcpo/cf_turns`` and ``tcpo/cf_alt_mean``. A batch without scored turns is left alone.
+    """
+
+    provides = frozenset({"alt_scores", "cf_mask"})
+
+    def __init__(self, top_l: int = 5, samples: int = 4, select: str = "surprisal", score: Scorer = "verifier",
+                 seed: int = 0) -> None:
+        if samples < 1 or top_l < 1:
+            raise ValueError(f"augment.samples={samples}, augment.top_l={top_l}: both must be >= 1")
+        if select not in SELECT_MODES:
+            raise ValueError(f"augment.select={select!r}: use one of {', '.join(SELECT_MODES)}")
+        if score not in ("verifier", "reward"):
+            raise ValueError(f"augment.score={score!r}: use 'verifier' (the environment's turn score) or 'reward' "
+                             "(the reward's turn_score, e.g. HierR's tool turns)")
+        self.top_l, self.samples, self.select, self.score = top_l, samples, select, score
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def scored_turns(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """[B, K] bool: the turns that carry a score and may be resampled, or None."""
+        if self.score == "reward":
+            mask = batch.turn_parts.get("tool_turn_mask")
+            return None if mask is None else mask.bool()
+        return None if batch.turn_scores is None else batch.turn_mask.bool()
+
+    def score_alternative(self, sampler: Sampler, row: dict, turn: int, reply: str) -> float:
+        if self.score == "reward":
+            return sampler.turn_score(row, turn, reply)
+        return sampler.verify(row, turn, reply).score or 0.0
+
+    @torch.no_grad()
+    def __call__(self, batch: RolloutBatch, sampler: Sampler) -> dict[str, float]:
+        mask = self.scored_turns(batch)
+        if mask is None:
+            return {}
+        selected = select_counterfactual_turns(batch.turn_surprisal(), mask, batch.group_ids, top_l=self.top_l,
+                                               mode=self.select, generator=self._generator)
+        rollout, turn = selected.nonzero(as_tuple=True)
+        starts = batch.turn_starts()[rollout, turn].tolist()
+        prefixes = [batch.input_ids[i, :s].tolist() for i, s in zip(rollout.tolist(), starts)]
+        alternatives = sampler.sample(prefixes, replace(sampler.sampling, n=self.samples))
+        rows = [batch.metadata[i]["row"] for i in rollout.tolist()]
+        scores = [[self.score_alternative(sampler, row, k, c.text) for c in alts]
+                  for row, k, alts in zip(rows, turn.tolist(), alternatives)]
+        alt = torch.full((*mask.shape, self.samples), float("nan"), device=mask.device)
+        if scores:
+            alt[rollout, turn] = torch.tensor(scores, dtype=alt.dtype, device=alt.device)
+        batch.extras["alt_scores"], batch.extras["cf_mask"] = alt, selected
+        return {"tcpo/cf_turns": float(len(prefixes)),
+                "tcpo/cf_alt_mean": alt.nanmean().item() if scores else float("nan")}
