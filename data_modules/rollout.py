@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from lit_credit.backends import CountsSince, Retry
+from lit_credit.checkpoint import capture_rng, restore_rng
 from lit_credit.interfaces import Environment, Reward, RolloutEngine
 from lit_credit.rollout import Experience, HFEngine
 from lit_credit.tasks.base import Task
@@ -93,12 +94,19 @@ class RolloutDataModule(L.LightningDataModule):
     draws the prompts the uninterrupted run would have drawn. :meth:`refill_experience` draws further batches
     of the same stream inside a training step (DAPO's dynamic sampling); the dataloader never serves them, so
     no prompt is drawn twice within an epoch.
+
+    Validation: the test split's first ``val_prompts`` rows (a fixed held-out set), greedy (``val_sampling``),
+    and with ``val_samples > 0`` also ``val_samples`` samples per prompt at temperature 1, top-p 1
+    (``val_sampled``, :meth:`sampled_validation`, isolated from the training RNG); ``val_success`` is the
+    normalised score at which a sampled rollout counts as solved for ``pass@k``
+    (:func:`~lit_credit.analysis.metrics.pass_at_k_metrics`).
     """
 
     def __init__(self, task: Task, reward: Reward, engine: RolloutEngine | None = None,
                  sampling: SamplingParams | None = None, prompts_per_step: int = 8, max_turns: int | None = None,
                  val_prompts: int = 64, val_sampling: SamplingParams | None = None,
-                 max_feedback_tokens: int | None = None, seed: int = 0, engine_retry: Retry | None = None) -> None:
+                 max_feedback_tokens: int | None = None, seed: int = 0, engine_retry: Retry | None = None,
+                 val_samples: int = 0, val_success: float = 1.0) -> None:
         super().__init__()
         sampling = sampling if sampling is not None else SamplingParams()
         if sampling.n < 2:
@@ -108,6 +116,9 @@ class RolloutDataModule(L.LightningDataModule):
             raise ValueError(f"data.prompts_per_step={prompts_per_step}: must be >= 1")
         if max_turns is not None and max_turns < 1:
             raise ValueError(f"data.max_turns={max_turns}: must be >= 1 or null (the environment's own limit)")
+        if val_samples < 0:
+            raise ValueError(f"data.val_samples={val_samples}: must be >= 0 (0: no sampled validation; the "
+                             "comparison protocol uses 8 samples per held-out prompt)")
         self.task, self.prompts_per_step, self.val_prompts, self.seed = task, prompts_per_step, val_prompts, seed
         env = task.environment()
         self.experience = Experience(engine if engine is not None else HFEngine(), env, reward, sampling,
@@ -115,6 +126,9 @@ class RolloutDataModule(L.LightningDataModule):
                                      max_feedback_tokens)
         self.val_sampling = val_sampling or SamplingParams(n=1, greedy=True, max_new_tokens=sampling.max_new_tokens,
                                                            stop=sampling.stop)
+        self.val_samples, self.val_success = val_samples, val_success
+        self.val_sampled = SamplingParams(n=val_samples, temperature=1.0, top_p=1.0, stop=sampling.stop,
+                                          max_new_tokens=sampling.max_new_tokens) if val_samples else None
         self.backend_counts = CountsSince()  # backend/* failures since the last training step
         self.next_group = 0
         self.position: dict[str, Any] = {"next_batch": 0, "pending": []}  # PromptStream's, shared and saved
@@ -181,6 +195,29 @@ class RolloutDataModule(L.LightningDataModule):
         if sampling is None:
             del self.position["pending"][:1]
         return self._experience(rows, sampling or self.sampling)
+
+    @torch.no_grad()
+    def sampled_validation(self, rows: list[dict[str, Any]]) -> RolloutBatch | None:
+        """``data.val_samples`` rollouts per validation row at T = 1 (``val_sampled``), scored, on CPU; None when
+        ``val_samples = 0`` (off). The engine must be bound (the module's greedy validation draw binds it).
+
+        Isolated from training, so a run trains bitwise the same with or without it: every random state a
+        step draws from (global torch and CUDA, Python, NumPy, and the private generators of the DataModule,
+        environment, reward and judge: :func:`~lit_credit.checkpoint.capture_rng`) is saved, torch is seeded
+        with ``data.seed``, and all of them are put back afterwards; the group ids are ``0..len(rows)-1``, not
+        minted from the counter. Reproducible: the same seed at every validation, so unchanged weights give
+        the same samples (common random numbers across the steps of a run and across the runs of a sweep that
+        share a seed). An engine that keeps its own sampler state (vLLM's) is outside this: its stream moves on.
+        """
+        if self.val_sampled is None:
+            return None
+        sources = {"env": self.env}
+        state = capture_rng(sources, self)
+        torch.manual_seed(self.seed)
+        try:
+            return self.experience.rollouts(rows, list(range(len(rows))), self.val_sampled)
+        finally:
+            restore_rng(state, sources, self)
 
     @torch.no_grad()
     def refill_experience(self) -> RolloutBatch:

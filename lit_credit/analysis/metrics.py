@@ -1,6 +1,7 @@
 """Rollout metrics of a batch: the shared ones (:func:`batch_metrics`) and the metric sets a method adds by
-config (``metrics=tool``: :class:`ToolMetrics`, ``metrics=turn``: :class:`TurnMetrics`), and the segment
-gradient cosine of SLCA's diagnostics (:func:`segment_grad_cosine`)."""
+config (``metrics=tool``: :class:`ToolMetrics`, ``metrics=turn``: :class:`TurnMetrics`), the pass@k of a sampled
+validation (:func:`pass_at_k`, :func:`pass_at_k_metrics`), and the segment gradient cosine of SLCA's diagnostics
+(:func:`segment_grad_cosine`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -73,6 +74,42 @@ def score_scale(reward_weights: Mapping[str, float]) -> float:
     if any(w is None for w in total) or sum(total) <= 0:
         return 1.0
     return float(sum(total))
+
+
+def pass_at_k(successes: torch.Tensor, n: int) -> torch.Tensor:
+    """The unbiased pass@k estimator (Chen et al., 2021) of each prompt, for k = 1..n, from its ``c``
+    successes among ``n`` samples:
+
+        pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{j=0}^{k-1} (n - c - j) / (n - j)
+
+    (a factor ``n - c - j <= 0`` is clamped to 0: C(n - c, k) = 0 once k > n - c, so pass@k = 1). The products
+    are one ``cumprod`` over j, so column k - 1 holds pass@k.
+
+    Shape:
+        successes: [P] success counts (0..n). Output: [P, n] float64.
+    """
+    j = torch.arange(n, dtype=torch.float64, device=successes.device)
+    factors = ((n - successes.double()[:, None] - j) / (n - j)).clamp_min(0.0)
+    return 1.0 - factors.cumprod(1)
+
+
+def pass_at_k_metrics(batch: RolloutBatch, success: float, stage: str) -> dict[str, float]:
+    """``<stage>/pass@k`` for k = 1..n: the mean over the batch's prompts (its groups, n rollouts each) of
+    :func:`pass_at_k`, where a rollout succeeds when its normalised score reaches ``success``:
+    ``score / score_scale >= success`` (:func:`score_scale`: ``w_process + w_summary`` for HierR, else 1; so
+    ``success = 1`` is the top score of every shipped reward). ``pass@1`` is the success rate of the samples.
+
+    Raises ValueError when the groups do not all hold the same number of rollouts.
+    """
+    solved = (batch.scores.cpu() / score_scale(batch.reward_weights) >= success - 1e-9).double()
+    _, group = torch.unique(batch.group_ids.cpu(), return_inverse=True)
+    sizes = torch.bincount(group)
+    n = int(sizes[0])
+    if not (sizes == n).all():
+        raise ValueError(f"pass@k needs n rollouts per prompt; the batch's groups hold {sorted(set(sizes.tolist()))}")
+    successes = torch.zeros(len(sizes), dtype=torch.float64).index_add_(0, group, solved)
+    values = pass_at_k(successes, n).mean(0)
+    return {f"{stage}/pass@{k + 1}": v for k, v in enumerate(values.tolist())}
 
 
 class ToolMetrics:

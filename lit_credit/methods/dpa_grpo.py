@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from lit_credit.analysis.metrics import batch_metrics
+from lit_credit.analysis.metrics import batch_metrics, pass_at_k_metrics
 from lit_credit.credit.grpo import GRPOCredit
 from lit_credit.interfaces import CreditEstimator, Game, Messages
 from lit_credit.losses import PolicyLoss, masked_mean
@@ -241,11 +241,20 @@ class DPAGRPOModule(PolicyModule):
         return logs | {"train/lr": steps[-1][0].param_groups[0]["lr"]}
 
     def validation_step(self, rows: list[dict[str, Any]], batch_idx: int) -> None:
+        """The game on greedy proposals (``val/``: ``reward/*`` of the proposals, the game record's ``final/*``
+        and ``dpa/*``) and, with ``data.val_samples = n > 0``, n sampled proposals per line at T = 1 under the
+        proposer's adapter (``val/sampled/``: ``reward/*``, ``zero_variance_groups``, ``pass@1..n``; the game is
+        not played on them: its metrics are greedy only), isolated from the training RNG."""
         proposals, record = self.play(rows, self.rollouts.val_sampling, training=False)
-        self.use_role("proposer")
         logs = {**batch_metrics(proposals, "val"), **record.metrics("val")}
         for key in ("val/zero_variance_groups", "val/dpa/revise_bonus"):  # no update at validation
             logs.pop(key)
+        if self.rollouts.val_samples:
+            self.engine_role("proposer")
+            sampled = self.rollouts.sampled_validation(rows)
+            logs |= batch_metrics(sampled, "val/sampled") | pass_at_k_metrics(sampled, self.rollouts.val_success,
+                                                                               "val/sampled")
+        self.use_role("proposer")
         self.log_dict(logs, batch_size=len(rows))
         self.log("val_final", logs["val/final/strict"], prog_bar=True, logger=False, batch_size=len(rows))
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from lit_credit.analysis.metrics import batch_metrics, segment_grad_cosine
+from lit_credit.analysis.metrics import batch_metrics, pass_at_k_metrics, segment_grad_cosine
 from lit_credit.credit.groups import first_informative_groups, nonzero_variance_groups
 from lit_credit.credit.slca import credit_leakage
 from lit_credit.interfaces import Augmenter, CreditEstimator, MetricSet
@@ -241,8 +241,16 @@ class GRPOModule(PolicyModule):
         return logs
 
     def validation_step(self, rows: list[dict[str, Any]], batch_idx: int) -> None:
+        """The held-out rows greedy (``val/``: :meth:`rollout_metrics`) and, with ``data.val_samples = n > 0``,
+        n samples each at T = 1 (``val/sampled/``: the same metrics, ``zero_variance_groups`` kept, plus
+        ``pass@1..n`` at ``data.val_success``), isolated from the training RNG
+        (:meth:`~data_modules.RolloutDataModule.sampled_validation`)."""
         batch = self.draw(rows, self.rollouts.val_sampling)
         logs = self.rollout_metrics(batch, "val")
         logs.pop("val/zero_variance_groups")
+        sampled = self.rollouts.sampled_validation(rows)
+        if sampled is not None:
+            logs |= self.rollout_metrics(sampled, "val/sampled")
+            logs |= pass_at_k_metrics(sampled, self.rollouts.val_success, "val/sampled")
         self.log_dict(logs, batch_size=len(rows), prog_bar=False)
         self.log("val_reward", logs["val/reward/mean"], prog_bar=True, logger=False, batch_size=len(rows))

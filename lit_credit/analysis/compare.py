@@ -1,0 +1,463 @@
+"""``lit-credit-compare SWEEP_DIR``: the comparison protocol. Each method against its baseline, paired by seed,
+with a 95 % bootstrap interval of the mean paired difference.
+
+    lit-credit-compare SWEEP_DIR --baseline credit=grpo --metric val/tool/exact_match \\
+        [--control method.optimizer.lr=0] [--step last|final|N] [--out table.md] [--plot fig.png]
+
+A sweep is a directory of runs (a Hydra multirun; sub-sweeps below it count too). A run is a directory with
+``.hydra/overrides.yaml`` and TensorBoard event files. The runs are read by :func:`load_runs` and grouped into
+**arms** by their overrides minus ``seed`` (:func:`arms`). An arm's **baseline** is the arm that matches
+``--baseline`` and agrees with it on every other override, apart from the keys of ``--baseline`` and
+``--control`` (:func:`baseline_of`). So ``credit=grpo,slca x reward.judge.noise=0.5,1.0`` compares SLCA at noise
+0.5 with GRPO at noise 0.5. A frozen control (``--control method.optimizer.lr=0``: the same prompt stream per
+seed, no learning) is one more arm, marked in the table and plot. Its difference to the baseline says whether
+the baseline learned at all.
+
+Each arm's runs are paired with its baseline's by seed. Let ``x_s`` be the metric of the arm's seed-``s`` run
+at the step and ``y_s`` the baseline's. The differences ``d_s = x_s - y_s`` give the mean paired difference
+``mean(d)`` and its 95 % paired bootstrap interval (:func:`paired_bootstrap`). The step is ``last`` (the last
+step every run logged the metric at, default), ``final`` (each run's own last value, for arms that count steps
+differently, as DPA-GRPO counts two optimiser steps per round) or a number. :func:`compare` does this, and
+:func:`table` and :func:`plot` render it. ``lit-credit-report`` and the notebook call these same functions.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from lit_credit.analysis.load import run_overrides
+
+SEED = "seed"
+__all__ = ["ArmResult", "CompareError", "Comparison", "Run", "arms", "baseline_of", "compare", "load_runs", "main",
+           "paired_bootstrap", "parse_spec", "plot", "run_scalars", "table"]
+
+
+class CompareError(ValueError):
+    """A sweep that cannot be compared as asked. The message names the runs concerned and the fix."""
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def run_scalars(run: str | os.PathLike) -> dict[str, dict[int, float]]:
+    """Every scalar series of the TensorBoard event files under ``run``, as tag -> {step: value}. The files
+    are read in name order (a resumed run's later file wins a step both logged)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, dict[int, float]] = {}
+    for events in sorted(Path(run).rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0, "histograms": 1, "tensors": 1,
+                                                           "images": 1, "audio": 1, "compressedHistograms": 1})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            out.setdefault(tag, {}).update((e.step, float(e.value)) for e in acc.Scalars(tag))
+    return out
+
+
+def _norm(value: str) -> str:
+    """One spelling per value: ``0``, ``0.0`` and ``0e0`` are one number; other text is kept as it is."""
+    try:
+        number = float(value)
+    except ValueError:
+        return str(value)
+    return repr(int(number)) if number.is_integer() and abs(number) < 2**53 else repr(number)
+
+
+@dataclass
+class Run:
+    """One run of a sweep: its directory, its overrides without ``seed`` (normalised values), its seed and its
+    scalars (tag -> {step: value})."""
+
+    path: Path
+    overrides: dict[str, str]
+    seed: str
+    scalars: dict[str, dict[int, float]] = field(repr=False)
+
+    @property
+    def arm(self) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted(self.overrides.items()))
+
+
+def _seed(run: Path, overrides: Mapping[str, str]) -> str:
+    if SEED in overrides:
+        return overrides[SEED]
+    config = run / ".hydra" / "config.yaml"
+    seed = (yaml.safe_load(config.read_text()) or {}).get(SEED) if config.exists() else None
+    if seed is None:
+        raise CompareError(f"run {run} has no seed: its .hydra/overrides.yaml has no seed=... and its "
+                           ".hydra/config.yaml none; fix: sweep the seeds explicitly (lit-credit -m ... seed=0,1,2,3,4)")
+    return str(seed)
+
+
+def _natural(path: Path) -> list[tuple[int, int, str]]:
+    """Sort key of a path with its numbers as numbers (Hydra's job 2 before job 10)."""
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.parts]
+
+
+def load_runs(sweep_dir: str | os.PathLike) -> list[Run]:
+    """Every run under ``sweep_dir`` (a directory holding ``.hydra/overrides.yaml``), in job order (paths with
+    numbers compared as numbers), with its
+    scalars. Raises :class:`CompareError` naming the fix when there is none."""
+    root = Path(sweep_dir)
+    if not root.is_dir():
+        raise CompareError(f"{root} is not a directory: give the sweep directory of a multirun "
+                           "(lit-credit -m ... hydra.sweep.dir=DIR)")
+    runs = []
+    for file in sorted(root.rglob(".hydra/overrides.yaml"), key=_natural):
+        path = file.parent.parent
+        overrides = {k: _norm(v) for k, v in run_overrides(path).items()}
+        seed = _seed(path, overrides)
+        overrides.pop(SEED, None)
+        runs.append(Run(path, overrides, seed, run_scalars(path)))
+    if not runs:
+        raise CompareError(f"no runs under {root}: a run directory holds .hydra/overrides.yaml and tensorboard/ "
+                           "(written by lit-credit -m ... hydra.sweep.dir=DIR); fix: give the sweep directory")
+    return runs
+
+
+# ---------------------------------------------------------------------------------------------- arms
+def parse_spec(spec: str | Iterable[str] | Mapping[str, str] | None) -> dict[str, str]:
+    """``"credit=grpo loss=grpo"`` (or a list of such tokens, or a mapping) as {key: normalised value}."""
+    if spec is None:
+        return {}
+    if isinstance(spec, Mapping):
+        return {k: _norm(str(v)) for k, v in spec.items()}
+    tokens = spec.split() if isinstance(spec, str) else [t for s in spec for t in str(s).split()]
+    bad = [t for t in tokens if "=" not in t]
+    if bad:
+        raise CompareError(f"{bad}: an arm is named by KEY=VALUE overrides, e.g. --baseline credit=grpo")
+    return {k: _norm(v) for k, v in (t.split("=", 1) for t in tokens)}
+
+
+def _matches(overrides: Mapping[str, str], spec: Mapping[str, str]) -> bool:
+    return bool(spec) and all(overrides.get(k) == v for k, v in spec.items())
+
+
+def arms(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """The runs grouped by their overrides minus ``seed``, as label -> runs (sorted by seed). The label is the
+    overrides that vary across arms, ``key=value`` in the order they appear (``(defaults)`` when none do).
+    Raises :class:`CompareError` when two runs of an arm share a seed."""
+    grouped: dict[tuple, list[Run]] = {}
+    for run in runs:
+        grouped.setdefault(run.arm, []).append(run)
+    keys = list(dict.fromkeys(k for run in runs for k in run.overrides))
+    varying = [k for k in keys if len({dict(a).get(k) for a in grouped}) > 1]
+    out: dict[str, list[Run]] = {}
+    for arm, members in grouped.items():
+        values = dict(arm)
+        label = " ".join(f"{k}={values[k]}" for k in varying if k in values) or "(defaults)"
+        seeds = [r.seed for r in members]
+        twice = sorted({s for s in seeds if seeds.count(s) > 1})
+        if twice:
+            paths = [str(r.path) for r in members if r.seed in twice]
+            raise CompareError(f"arm {label!r} has several runs with seed {', '.join(twice)}: {paths}; fix: remove "
+                               "the duplicates (e.g. a run restarted into another directory of the sweep)")
+        out[label] = sorted(members, key=lambda r: _seed_key(r.seed))
+    return out
+
+
+def _seed_key(seed: str) -> tuple[int, float, str]:
+    try:
+        return (0, float(seed), "")
+    except ValueError:
+        return (1, 0.0, seed)
+
+
+def baseline_of(arm: Mapping[str, str], candidates: Mapping[str, Mapping[str, str]], baseline: Mapping[str, str],
+                control: Mapping[str, str]) -> str:
+    """The label of ``arm``'s baseline among ``candidates`` (label -> overrides of the baseline arms). The
+    baseline agrees with ``arm`` on every override that is not a key of ``baseline`` or ``control``."""
+    free = set(baseline) | set(control)
+
+    def context(overrides: Mapping[str, str]) -> dict[str, str]:
+        return {k: v for k, v in overrides.items() if k not in free}
+
+    found = [label for label, overrides in candidates.items() if context(overrides) == context(arm)]
+    if len(found) != 1:
+        spec = " ".join(f"{k}={v}" for k, v in baseline.items())
+        shown = " ".join(f"{k}={v}" for k, v in context(arm).items()) or "(no other override)"
+        raise CompareError(
+            f"{'no' if not found else 'several'} baseline arm{'s' if found else ''} ({spec}) with the same other "
+            f"overrides as this arm ({shown}){': ' + ', '.join(found) if found else ''}; baseline arms: "
+            f"{', '.join(candidates)}; fix: run the baseline with these overrides too, or name it fully in "
+            "--baseline")
+    return found[0]
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+def paired_bootstrap(differences: Sequence[float], resamples: int = 10_000, seed: int = 0,
+                     level: float = 0.95) -> tuple[float, float, float]:
+    """``(mean(d), low, high)``: the mean paired difference and its percentile bootstrap interval.
+
+    Each of ``resamples`` resamples draws ``n`` seeds with replacement, all at once as an index array from
+    ``numpy.random.default_rng(seed)``, and takes the mean difference over them. ``low`` and ``high`` are that
+    distribution's ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles (``numpy.percentile``, linear). All
+    differences equal give a zero-width interval at that value. With two seeds ``{a, b}`` the resampled means
+    are ``a``, ``(a + b) / 2`` and ``b`` with probabilities 1/4, 1/2 and 1/4, so the 95 % interval is ``[a, b]``.
+    """
+    d = np.asarray(differences, dtype=np.float64)
+    if d.ndim != 1 or len(d) == 0:
+        raise CompareError("no paired differences: each arm needs at least one seed that its baseline also ran")
+    if not np.isfinite(d).all():
+        raise CompareError(f"non-finite paired differences {d.tolist()}: a run logged NaN/inf for the metric")
+    means = d[np.random.default_rng(seed).integers(0, len(d), size=(resamples, len(d)))].mean(1)
+    low, high = np.percentile(means, [50 * (1 - level), 50 * (1 + level)])
+    return float(d.mean()), float(low), float(high)
+
+
+@dataclass
+class ArmResult:
+    """One arm of a comparison. ``role`` is ``baseline``, ``control`` or ``arm``. ``values`` and
+    ``baseline_values`` are the metric per seed, paired. ``difference``, ``low`` and ``high`` come from
+    :func:`paired_bootstrap` (None for a baseline arm)."""
+
+    label: str
+    role: str
+    baseline: str
+    seeds: list[str]
+    values: list[float]
+    baseline_values: list[float]
+    difference: float | None = None
+    low: float | None = None
+    high: float | None = None
+
+    @property
+    def excludes_zero(self) -> bool | None:
+        """Whether the interval excludes 0 (None for a baseline, or with fewer than 2 seeds, where the
+        interval has zero width and says nothing)."""
+        if self.difference is None or len(self.seeds) < 2:
+            return None
+        return self.low > 0 or self.high < 0
+
+
+@dataclass
+class Comparison:
+    """The result of :func:`compare`: the rows (the baselines first, then the arms in sweep order), the
+    per-arm runs and the settings the table states."""
+
+    metric: str
+    step: str
+    step_note: str
+    baseline: dict[str, str]
+    control: dict[str, str]
+    resamples: int
+    seed: int
+    level: float
+    rows: list[ArmResult]
+    runs: dict[str, list[Run]] = field(repr=False)
+
+
+def _value_at(run: Run, metric: str, step: int | None) -> float:
+    series = run.scalars[metric]
+    return series[max(series) if step is None else step]
+
+
+def _resolve_step(runs: Sequence[Run], metric: str, step: str | int) -> tuple[int | None, str]:
+    """The step to read (None: each run's last) and how the table names it."""
+    if str(step) == "final":
+        return None, "each run's last logged step"
+    logged = {r.path: set(r.scalars[metric]) for r in runs}
+    if str(step) == "last":
+        common = set.intersection(*logged.values())
+        if not common:
+            spans = sorted({(min(s), max(s)) for s in logged.values()})
+            raise CompareError(f"no step at which every run logged {metric} (first/last steps per run: {spans}); "
+                               "fix: --step final (each run's own last value) or --step N")
+        return max(common), "the last step every run logged"
+    try:
+        wanted = int(step)
+    except ValueError:
+        raise CompareError(f"--step {step!r}: use last, final or a step number") from None
+    missing = [str(p) for p, s in logged.items() if wanted not in s]
+    if missing:
+        common = sorted(set.intersection(*logged.values()))
+        raise CompareError(f"{len(missing)} run(s) did not log {metric} at step {wanted}: {missing}; steps every run "
+                           f"logged: {common[-10:]}; fix: --step last or one of those")
+    return wanted, "the step asked for"
+
+
+def _check_metric(runs: Sequence[Run], metric: str) -> None:
+    missing = [r for r in runs if not r.scalars.get(metric)]
+    if not missing:
+        return
+    tags = sorted({t for r in runs for t in r.scalars})
+    near = difflib.get_close_matches(metric, tags, n=5, cutoff=0.5)
+    hint = f" Close tags: {near}." if near else ""
+    if len(missing) == len(runs):
+        raise CompareError(f"no run logged {metric}.{hint} Fix: --metric one of the logged tags (val/reward/mean; "
+                           "val/sampled/... needs data.val_samples > 0; validation needs trainer.val_check_interval "
+                           "and validate_first=true for step 0)")
+    raise CompareError(f"{len(missing)} of {len(runs)} runs did not log {metric}: "
+                       f"{[str(r.path) for r in missing]}.{hint} Fix: rerun them (a crashed or unfinished run), "
+                       "or remove them from the sweep directory")
+
+
+def compare(runs: Sequence[Run] | str | os.PathLike, baseline: str | Iterable[str] | Mapping[str, str], metric: str,
+            step: str | int = "last", control: str | Iterable[str] | Mapping[str, str] | None = None,
+            resamples: int = 10_000, seed: int = 0, level: float = 0.95) -> Comparison:
+    """Each arm of ``runs`` (or of the sweep directory) against its baseline on ``metric`` at ``step``,
+    paired by seed (module docstring). Raises :class:`CompareError`, naming the fix, when there are no runs,
+    no baseline arm, a run without the metric or the step, or seeds without a partner."""
+    runs = load_runs(runs) if isinstance(runs, (str, os.PathLike)) else list(runs)
+    if not runs:
+        raise CompareError("no runs to compare; fix: give the sweep directory of a multirun")
+    base_spec, control_spec = parse_spec(baseline), parse_spec(control)
+    if not base_spec:
+        raise CompareError("no baseline: name the baseline arm by its overrides, e.g. --baseline credit=grpo")
+    _check_metric(runs, metric)
+    at, note = _resolve_step(runs, metric, step)
+    grouped = arms(runs)
+    overrides = {label: members[0].overrides for label, members in grouped.items()}
+    bases = {label: o for label, o in overrides.items() if _matches(o, base_spec) and not _matches(o, control_spec)}
+    if not bases:
+        spec = " ".join(f"{k}={v}" for k, v in base_spec.items())
+        raise CompareError(f"no arm matches the baseline {spec}; arms: {', '.join(grouped)}; fix: --baseline "
+                           "KEY=VALUE naming one of these arms (or run the baseline into this sweep directory)")
+    if control_spec and not any(_matches(o, control_spec) for o in overrides.values()):
+        shown = " ".join(f"{k}={v}" for k, v in control_spec.items())
+        raise CompareError(f"no arm matches the control {shown}; arms: {', '.join(grouped)}; fix: run the frozen "
+                           "control into this sweep (e.g. method.optimizer.lr=0 with the same seeds) or drop --control")
+    rows = [ArmResult(label, "baseline", label, [r.seed for r in grouped[label]],
+                      [_value_at(r, metric, at) for r in grouped[label]], []) for label in bases]
+    for label, members in grouped.items():
+        if label in bases:
+            continue
+        base = baseline_of(overrides[label], bases, base_spec, control_spec)
+        mine = {r.seed: r for r in members}
+        theirs = {r.seed: r for r in grouped[base]}
+        if set(mine) != set(theirs):
+            only_arm = sorted(set(mine) - set(theirs), key=_seed_key)
+            only_base = sorted(set(theirs) - set(mine), key=_seed_key)
+            unpaired = [str(mine[s].path) for s in only_arm] + [str(theirs[s].path) for s in only_base]
+            what = [f"seeds {only_arm} of arm {label!r} have no run of its baseline {base!r}"] if only_arm else []
+            what += [f"seeds {only_base} of the baseline {base!r} have no run of arm {label!r}"] if only_base else []
+            raise CompareError(f"unpaired seeds: {'; '.join(what)} (runs: {unpaired}); fix: run the missing seeds "
+                               "(seed=...), or remove the unpaired runs")
+        seeds = sorted(mine, key=_seed_key)
+        x = [_value_at(mine[s], metric, at) for s in seeds]
+        y = [_value_at(theirs[s], metric, at) for s in seeds]
+        mean, low, high = paired_bootstrap([a - b for a, b in zip(x, y)], resamples, seed, level)
+        role = "control" if _matches(overrides[label], control_spec) else "arm"
+        rows.append(ArmResult(label, role, base, seeds, x, y, mean, low, high))
+    step_label = "final" if at is None else str(at)
+    return Comparison(metric, step_label, note, base_spec, control_spec, resamples, seed, level, rows, grouped)
+
+
+# ---------------------------------------------------------------------------------------------- output
+def table(result: Comparison) -> str:
+    """The comparison as a markdown table with a header line stating the metric, step, baseline, pairing
+    and interval."""
+    spec = " ".join(f"{k}={v}" for k, v in result.baseline.items())
+    control = " ".join(f"{k}={v}" for k, v in result.control.items())
+    step = "final" if result.step == "final" else f"step {result.step}"
+    lines = [f"`{result.metric}` at {step} ({result.step_note}); baseline {spec}"
+             + (f", frozen control {control}" if control else "") + "; paired by seed; "
+             f"{round(100 * result.level)} % percentile bootstrap interval of the mean paired difference "
+             f"({result.resamples} resamples of the seeds, seed {result.seed}).", "",
+             "| arm | seeds | arm mean | baseline mean | difference | "
+             f"{round(100 * result.level)} % interval | excludes 0 |",
+             "|---|---:|---:|---:|---:|---|---|"]
+    for row in result.rows:
+        mean = sum(row.values) / len(row.values)
+        if row.role == "baseline":
+            lines.append(f"| {row.label} (baseline) | {len(row.seeds)} | {mean:.4f} | | | | |")
+            continue
+        base = sum(row.baseline_values) / len(row.baseline_values)
+        excludes = {True: "yes", False: "no", None: "n/a (1 seed)"}[row.excludes_zero]
+        name = f"{row.label} (control)" if row.role == "control" else row.label
+        name += f" vs {row.baseline}" if sum(r.role == "baseline" for r in result.rows) > 1 else ""
+        lines.append(f"| {name} | {len(row.seeds)} | {mean:.4f} | {base:.4f} | {row.difference:+.4f} | "
+                     f"[{row.low:+.4f}, {row.high:+.4f}] | {excludes} |")
+    few = min(len(r.seeds) for r in result.rows)
+    if few < 5:
+        lines += ["", f"Fewer than 5 seeds ({few}): the interval is wide or, with 1 seed, says nothing."]
+    return "\n".join(lines)
+
+
+def plot(result: Comparison):
+    """Two panels: each arm's curve of the metric over steps (the mean over seeds at the steps all its runs
+    logged, with a min-max band; the control dashed) and each arm's mean paired difference to its baseline
+    with its interval. Returns a matplotlib Figure (no pyplot state)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 4.2), dpi=110)
+    curves, diffs = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    roles = {r.label: r.role for r in result.rows}
+    for label, members in result.runs.items():
+        series = [r.scalars[result.metric] for r in members]
+        steps = sorted(set.intersection(*(set(s) for s in series)))
+        if not steps:  # its runs share no logged step (different step counts): no mean curve
+            continue
+        values = np.array([[s[t] for t in steps] for s in series])
+        style = {"baseline": {"lw": 2.2}, "control": {"ls": "--", "color": "grey"}}.get(roles[label], {})
+        tag = {"baseline": " (baseline)", "control": " (control)"}.get(roles[label], "")
+        (line,) = curves.plot(steps, values.mean(0), marker=".", label=f"{label}{tag} (n={len(members)})", **style)
+        curves.fill_between(steps, values.min(0), values.max(0), alpha=0.15, color=line.get_color())
+    if result.step != "final":
+        curves.axvline(int(result.step), color="black", lw=0.6, ls=":")
+    curves.set_xlabel("step")
+    curves.set_ylabel(result.metric)
+    curves.set_title("mean over seeds, band: min-max", fontsize=9)
+    curves.legend(fontsize=7)
+    curves.grid(alpha=0.3)
+    compared = [r for r in result.rows if r.role != "baseline"]
+    for y, row in enumerate(compared):
+        color = "grey" if row.role == "control" else f"C{y % 10}"
+        diffs.errorbar([row.difference], [y], xerr=[[row.difference - row.low], [row.high - row.difference]],
+                       fmt="s" if row.role == "control" else "o", color=color, capsize=4)
+        diffs.scatter([a - b for a, b in zip(row.values, row.baseline_values)], [y] * len(row.seeds), s=10,
+                      color=color, alpha=0.4)
+    diffs.axvline(0.0, color="black", lw=0.8)
+    diffs.set_yticks(range(len(compared)), [f"{r.label} (control)" if r.role == "control" else r.label
+                                            for r in compared], fontsize=8)
+    diffs.set_ylim(-0.6, max(len(compared) - 0.4, 0.6))
+    step = "final" if result.step == "final" else f"step {result.step}"
+    diffs.set_xlabel(f"{result.metric} - baseline at {step}")
+    diffs.set_title(f"paired difference, {round(100 * result.level)} % bootstrap interval (dots: seeds)", fontsize=9)
+    diffs.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def slug(metric: str) -> str:
+    return metric.replace("/", "_").replace("@", "at")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="lit-credit-compare", description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dir", help="the sweep directory (runs with .hydra/overrides.yaml and tensorboard/)")
+    parser.add_argument("--baseline", nargs="+", required=True, help="the baseline arm's overrides, e.g. credit=grpo")
+    parser.add_argument("--metric", default="val/reward/mean", help="a logged scalar tag (default val/reward/mean)")
+    parser.add_argument("--step", default="last", help="last (default: the last step every run logged), final "
+                                                       "(each run's last value) or a step number")
+    parser.add_argument("--control", nargs="+", default=None, help="the frozen control's overrides, e.g. "
+                                                                    "method.optimizer.lr=0")
+    parser.add_argument("--out", default=None, help="write the table here (default: SWEEP_DIR/compare/<metric>.md)")
+    parser.add_argument("--plot", default=None, help="write the figure here (default: SWEEP_DIR/compare/<metric>.png)")
+    parser.add_argument("--resamples", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
+    args = parser.parse_args(argv)
+    try:
+        result = compare(args.sweep_dir, args.baseline, args.metric, args.step, args.control, args.resamples,
+                         args.seed)
+    except CompareError as err:
+        raise SystemExit(f"lit-credit-compare: {err}") from None
+    text = table(result)
+    default = Path(args.sweep_dir) / "compare" / slug(args.metric)
+    out, png = Path(args.out or default.with_suffix(".md")), Path(args.plot or default.with_suffix(".png"))
+    for path in (out, png):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+    plot(result).savefig(png)
+    print(text)
+    print(f"\ntable: {out}\nplot: {png}")
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,299 @@
+"""The comparison protocol (lit_credit.analysis.compare): the paired bootstrap by hand, arms from overrides,
+pairing by seed, baselines per context, the table, the errors, and the command on real TensorBoard event files
+in the sweep layout (and, slow, on a real `lit-credit -m` sweep)."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from torch.utils.tensorboard import SummaryWriter
+
+from lit_credit.analysis.compare import (
+    CompareError,
+    Run,
+    arms,
+    baseline_of,
+    compare,
+    load_runs,
+    main,
+    paired_bootstrap,
+    parse_spec,
+    plot,
+    table,
+)
+from lit_credit.analysis.records import write_shard
+from lit_credit.analysis.report import report
+from tests.conftest import FAST_MODEL, FAST_TASK
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(root: Path, name: str, overrides: list[str], series: dict[str, dict[int, float]]) -> Path:
+    """A run directory as `lit-credit -m` leaves it: .hydra/overrides.yaml and TensorBoard events written by
+    the real SummaryWriter."""
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    with SummaryWriter(run / "tensorboard") as writer:
+        for tag, values in series.items():
+            for step, value in values.items():
+                writer.add_scalar(tag, value, step)
+    return run
+
+
+def run(overrides: dict[str, str], seed: str, values: dict[int, float], metric: str = "val/acc") -> Run:
+    return Run(Path(f"/sweep/{'-'.join(overrides.values())}-{seed}"), dict(overrides), seed, {metric: values})
+
+
+# Values exactly representable in float32 (TensorBoard stores float32), at steps 0 and 10.
+# baseline credit=grpo    seeds 0, 1, 2 at step 10: 0.5, 0.25, 0.75
+# credit=slca:            0.75, 0.5, 0.75  -> d = 0.25, 0.25, 0     (mean 1/6)
+# credit=rloo:            0.75, 0.5, 1.0   -> d = 0.25, 0.25, 0.25  (mean 0.25)
+# control lr=0:           0.5, 0.25, 0.5   -> d = 0, 0, -0.25       (mean -1/12)
+SWEEP = {
+    "credit=grpo": [0.5, 0.25, 0.75],
+    "credit=slca": [0.75, 0.5, 0.75],
+    "credit=rloo": [0.75, 0.5, 1.0],
+    "credit=grpo method.optimizer.lr=0": [0.5, 0.25, 0.5],
+}
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    i = 0
+    for arm, finals in SWEEP.items():
+        for seed in range(len(finals)):
+            # job numbers as Hydra gives them; seeds in reverse order so pairing by order would be wrong
+            write_run(tmp_path, str(i), ["experiment=grpo_arith", *arm.split(), f"seed={2 - seed}"],
+                      {"val/acc": {0: 0.25, 10: finals[2 - seed]}, "train/reward/mean": {0: 0.0, 1: 0.5}})
+            i += 1
+    return tmp_path
+
+
+# ---------------------------------------------------------------------------------------------- bootstrap
+def test_equal_differences_give_a_zero_width_interval_at_that_value():
+    assert paired_bootstrap([0.3] * 5) == (pytest.approx(0.3), pytest.approx(0.3), pytest.approx(0.3))
+    assert paired_bootstrap([-1.5]) == (-1.5, -1.5, -1.5)
+
+
+def test_two_seeds_give_the_interval_between_them():
+    # Resampling 2 seeds {0, 1}: means 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4. 2.5 % < 1/4, so the 2.5th
+    # percentile is 0 and the 97.5th is 1 (10 000 resamples: the share of zeros is 25 % +- 0.4 %).
+    assert paired_bootstrap([0.0, 1.0]) == (0.5, 0.0, 1.0)
+    # {0.25, 0.25, 0}: all three resampled from the zero has probability (1/3)^3 = 3.7 % > 2.5 %, all three
+    # from the 0.25s (2/3)^3 = 29.6 % > 2.5 %: the interval is [0, 0.25] (touches 0: does not exclude it).
+    assert paired_bootstrap([0.25, 0.25, 0.0]) == (pytest.approx(1 / 6), 0.0, 0.25)
+
+
+def test_the_bootstrap_is_seeded():
+    d = [0.1, -0.2, 0.3, 0.05, 0.15]
+    # mean = 0.4 / 5 = 0.08 by hand; the interval pinned from numpy.random.default_rng(0) / (1), 10 000 resamples
+    assert paired_bootstrap(d) == (pytest.approx(0.08), pytest.approx(-0.08), pytest.approx(0.22))
+    assert paired_bootstrap(d, seed=1) == (pytest.approx(0.08), pytest.approx(-0.08), pytest.approx(0.21))
+    assert paired_bootstrap(d) == paired_bootstrap(d)
+    # a 50 % interval lies inside the 95 % one
+    _, low, high = paired_bootstrap(d, level=0.5)
+    assert -0.08 < low < 0.08 < high < 0.22
+
+
+def test_the_bootstrap_refuses_empty_and_non_finite_differences():
+    with pytest.raises(CompareError, match="no paired differences"):
+        paired_bootstrap([])
+    with pytest.raises(CompareError, match="NaN/inf"):
+        paired_bootstrap([0.1, float("nan")])
+
+
+# ---------------------------------------------------------------------------------------------- arms, pairing
+def test_arms_group_by_overrides_minus_seed_and_are_labelled_by_what_varies():
+    runs = [run({"experiment": "x", "credit": c, "reward.judge.noise": n}, s, {0: 0.0})
+            for c in ("grpo", "slca") for n in ("0.5", "1") for s in ("1", "0")]
+    grouped = arms(runs)
+    # experiment=x is common to all: not in a label; the seeds are pooled and sorted
+    assert list(grouped) == ["credit=grpo reward.judge.noise=0.5", "credit=grpo reward.judge.noise=1",
+                             "credit=slca reward.judge.noise=0.5", "credit=slca reward.judge.noise=1"]
+    assert all([r.seed for r in members] == ["0", "1"] for members in grouped.values())
+    assert list(arms([run({"credit": "grpo"}, "0", {0: 0.0})])) == ["(defaults)"]
+    with pytest.raises(CompareError, match=r"arm '\(defaults\)' has several runs with seed 0"):
+        arms([run({"credit": "grpo"}, "0", {0: 0.0}), run({"credit": "grpo"}, "0", {0: 1.0})])
+
+
+def test_numbers_are_one_value_however_spelled():
+    assert parse_spec("method.optimizer.lr=0 credit=grpo") == parse_spec(["method.optimizer.lr=0.0", "credit=grpo"])
+    assert parse_spec({"lr": 1e-4}) == parse_spec("lr=0.0001") == {"lr": "0.0001"}
+    with pytest.raises(CompareError, match="KEY=VALUE"):
+        parse_spec("grpo")
+
+
+def test_each_arm_is_compared_with_the_baseline_of_its_other_overrides():
+    bases = {"grpo@0.5": {"credit": "grpo", "noise": "0.5", "lr": "0.0001"},
+             "grpo@1": {"credit": "grpo", "noise": "1", "lr": "0.0001"}}
+    base, control = {"credit": "grpo"}, {"lr": "0"}
+    assert baseline_of({"credit": "slca", "noise": "1", "lr": "0.0001"}, bases, base, control) == "grpo@1"
+    # the frozen control at noise 0.5 (lr 0, any credit) is compared with GRPO at noise 0.5 (lr 1e-4)
+    assert baseline_of({"credit": "slca", "noise": "0.5", "lr": "0"}, bases, base, control) == "grpo@0.5"
+    with pytest.raises(CompareError, match=r"no baseline arm \(credit=grpo\) with the same other overrides as this "
+                                           r"arm \(noise=0.25\)"):
+        baseline_of({"credit": "slca", "noise": "0.25", "lr": "0.0001"}, bases, base, control)
+
+
+def test_runs_are_paired_by_seed(sweep):
+    result = compare(sweep, "credit=grpo", "val/acc", control="method.optimizer.lr=0")
+    rows = {r.label: r for r in result.rows}
+    assert [r.role for r in result.rows] == ["baseline", "arm", "arm", "control"]
+    slca = rows["credit=slca"]
+    # the runs were written with seeds 2, 1, 0: paired by seed, not by job number
+    assert slca.seeds == ["0", "1", "2"] and slca.values == [0.75, 0.5, 0.75] and slca.baseline_values == [0.5, 0.25, 0.75]
+    assert (slca.difference, slca.low, slca.high) == (pytest.approx(1 / 6), 0.0, 0.25) and slca.excludes_zero is False
+    assert (rows["credit=rloo"].low, rows["credit=rloo"].high, rows["credit=rloo"].excludes_zero) == (0.25, 0.25, True)
+    control = rows["credit=grpo method.optimizer.lr=0"]
+    assert (control.difference, control.low, control.high) == (pytest.approx(-1 / 12), -0.25, 0.0)
+    assert result.step == "10"  # the last step every run logged val/acc
+
+
+def test_the_table(sweep):
+    text = table(compare(sweep, "credit=grpo", "val/acc", control="method.optimizer.lr=0"))
+    lines = text.splitlines()
+    assert lines[0].startswith("`val/acc` at step 10 (the last step every run logged); baseline credit=grpo, frozen "
+                               "control method.optimizer.lr=0; paired by seed; 95 % percentile bootstrap interval")
+    assert "(10000 resamples of the seeds, seed 0)" in lines[0]
+    assert lines[2:] == [
+        "| arm | seeds | arm mean | baseline mean | difference | 95 % interval | excludes 0 |",
+        "|---|---:|---:|---:|---:|---|---|",
+        # baseline mean (0.5 + 0.25 + 0.75) / 3 = 0.5
+        "| credit=grpo (baseline) | 3 | 0.5000 | | | | |",
+        # slca mean (0.75 + 0.5 + 0.75) / 3 = 0.6667; d mean 1/6; interval [0, 0.25] (see the bootstrap test)
+        "| credit=slca | 3 | 0.6667 | 0.5000 | +0.1667 | [+0.0000, +0.2500] | no |",
+        "| credit=rloo | 3 | 0.7500 | 0.5000 | +0.2500 | [+0.2500, +0.2500] | yes |",
+        # control mean (0.5 + 0.25 + 0.5) / 3 = 0.4167; d = 0, 0, -0.25: mean -1/12, interval [-0.25, 0]
+        "| credit=grpo method.optimizer.lr=0 (control) | 3 | 0.4167 | 0.5000 | -0.0833 | [-0.2500, +0.0000] | no |",
+        "",
+        "Fewer than 5 seeds (3): the interval is wide or, with 1 seed, says nothing.",
+    ]
+
+
+def test_step_choices(sweep):
+    lr0 = "method.optimizer.lr=0"
+    assert compare(sweep, "credit=grpo", "val/acc", step=0, control=lr0).rows[1].difference == 0.0  # all 0.25
+    final = compare(sweep, "credit=grpo", "val/acc", step="final", control=lr0)
+    assert final.step == "final" and final.rows[1].difference == pytest.approx(1 / 6)
+    # Without --control the lr=0 arm matches credit=grpo too: a second baseline (of the arms with lr=0)
+    assert [r.role for r in compare(sweep, "credit=grpo", "val/acc").rows] == ["baseline", "baseline", "arm", "arm"]
+    assert compare(sweep, "credit=grpo", "train/reward/mean").step == "1"
+
+
+# ---------------------------------------------------------------------------------------------- errors
+def test_errors_name_the_fix(sweep, tmp_path_factory):
+    empty = tmp_path_factory.mktemp("empty")
+    with pytest.raises(CompareError, match=r"no runs under .*fix: give the sweep directory"):
+        compare(empty, "credit=grpo", "val/acc")
+    with pytest.raises(CompareError, match=r"no arm matches the baseline credit=dr_grpo; arms: credit=grpo, "
+                                           r"credit=slca, credit=rloo, credit=grpo method.optimizer.lr=0; fix: --baseline KEY=VALUE"):
+        compare(sweep, "credit=dr_grpo", "val/acc")
+    with pytest.raises(CompareError, match=r"no run logged val/ac\. Close tags: \['val/acc'\]"):
+        compare(sweep, "credit=grpo", "val/ac")
+    with pytest.raises(CompareError, match=r"did not log val/acc at step 5: .*fix: --step last"):
+        compare(sweep, "credit=grpo", "val/acc", step=5)
+    with pytest.raises(CompareError, match=r"no arm matches the control method.optimizer.lr=1"):
+        compare(sweep, "credit=grpo", "val/acc", control="method.optimizer.lr=1")
+
+
+def test_a_run_without_the_metric_and_unpaired_seeds_are_listed(sweep):
+    write_run(sweep, "12", ["experiment=grpo_arith", "credit=slca", "seed=3"], {"train/reward/mean": {0: 0.0, 1: 0.5}})
+    with pytest.raises(CompareError, match=r"1 of 13 runs did not log val/acc: \['.*/12'\]\. .*Fix: rerun them"):
+        compare(sweep, "credit=grpo", "val/acc")
+    # with the metric, seed 3 of credit=slca has no baseline partner
+    with pytest.raises(CompareError, match=r"unpaired seeds: seeds \['3'\] of arm 'credit=slca' have no run of its "
+                                           r"baseline 'credit=grpo' \(runs: \['.*/12'\]\); fix: run the missing seeds"):
+        compare(sweep, "credit=grpo", "train/reward/mean")
+
+
+def test_no_common_step_suggests_final(tmp_path):
+    write_run(tmp_path, "0", ["credit=grpo", "seed=0"], {"val/acc": {0: 0.25, 20: 0.5}})
+    write_run(tmp_path, "1", ["credit=dpa", "seed=0"], {"val/acc": {1: 0.25, 41: 0.75}})
+    with pytest.raises(CompareError, match=r"no step at which every run logged val/acc .*fix: --step final"):
+        compare(tmp_path, "credit=grpo", "val/acc")
+    assert compare(tmp_path, "credit=grpo", "val/acc", step="final").rows[1].difference == 0.25
+
+
+# ---------------------------------------------------------------------------------------------- the command
+def test_the_command_prints_the_table_and_writes_it_and_the_plot(sweep, tmp_path_factory, capsys):
+    out = tmp_path_factory.mktemp("out")
+    args = [str(sweep), "--baseline", "credit=grpo", "--metric", "val/acc"]
+    main([*args, "--control", "method.optimizer.lr=0", "--out", str(out / "t.md"), "--plot", str(out / "f.png")])
+    printed = capsys.readouterr().out
+    assert "| credit=rloo | 3 | 0.7500 | 0.5000 | +0.2500 | [+0.2500, +0.2500] | yes |" in printed
+    assert (out / "t.md").read_text() == table(compare(sweep, "credit=grpo", "val/acc",
+                                                       control="method.optimizer.lr=0")) + "\n"
+    assert (out / "f.png").read_bytes()[:8] == PNG
+    # defaults: SWEEP_DIR/compare/<metric>.{md,png}; and the compare/ folder is not mistaken for a run
+    main(args)
+    assert (sweep / "compare" / "val_acc.png").read_bytes()[:8] == PNG and (sweep / "compare" / "val_acc.md").exists()
+    assert len(load_runs(sweep)) == 12
+    with pytest.raises(SystemExit, match="lit-credit-compare: no arm matches the baseline credit=nope"):
+        main([str(sweep), "--baseline", "credit=nope", "--metric", "val/acc"])
+
+
+def test_the_plot_has_both_panels(sweep):
+    fig = plot(compare(sweep, "credit=grpo", "val/acc", control="method.optimizer.lr=0"))
+    curves, diffs = fig.axes
+    assert len(curves.get_lines()) >= 4  # one curve per arm (plus the step marker)
+    assert [t.get_text() for t in diffs.get_yticklabels()] == ["credit=slca", "credit=rloo",
+                                                               "credit=grpo method.optimizer.lr=0 (control)"]
+
+
+def test_the_report_adds_the_same_comparison(sweep, tmp_path_factory):
+    # lit-credit-report on a sweep with credit records: its summary ends with compare()'s table, its plot beside
+    for i in range(12):
+        frame = pd.DataFrame({"step": [1, 1], "method": "grpo", "source": "policy", "group": [0, 0], "rollout": [0, 1],
+                              "turn": [0, 0], "segment": "turn", "turn_type": "", "case": "", "turn_score": math.nan,
+                              "score": [1.0, 0.0], "advantage": [0.5, -0.5], "advantage_min": [0.5, -0.5],
+                              "advantage_max": [0.5, -0.5], "tokens": [3, 3], "excerpt": ""})
+        write_shard(frame, sweep / str(i) / "records", "step-0000001")
+    out = tmp_path_factory.mktemp("report")
+    written = report(sweep, out, by="credit", baseline="credit=grpo", metric="val/acc", control="method.optimizer.lr=0")
+    assert out / "comparison.png" in written and (out / "comparison.png").read_bytes()[:8] == PNG
+    summary = (out / "summary.md").read_text()
+    expected = table(compare(sweep, "credit=grpo", "val/acc", control="method.optimizer.lr=0"))
+    assert f"## Comparison\n\n{expected}\n" in summary
+    with pytest.raises(CompareError, match="needs both --baseline"):
+        report(sweep, out, by="credit", metric="val/acc")
+
+
+def test_the_console_script_is_declared():
+    scripts = (ROOT / "pyproject.toml").read_text().split("[project.scripts]\n")[1].split("\n[")[0]
+    assert 'lit-credit-compare = "lit_credit.analysis.compare:main"' in scripts.splitlines()
+
+
+@pytest.mark.slow
+def test_a_real_sweep_end_to_end(tmp_path, cache_dir):
+    # 2 arms (GRPO, RLOO) x 2 seeds x 2 steps on the tiny model, validated greedy and with 2 samples per prompt,
+    # then lit-credit-compare on the sampled pass@2.
+    sweep = tmp_path / "sweep"
+    bin_dir = Path(sys.executable).parent
+    cmd = [str(bin_dir / "lit-credit"), "-m", "experiment=grpo_arith", "credit=grpo,rloo", "seed=0,1", *FAST_TASK,
+           *FAST_MODEL, "trainer.max_steps=2", "trainer.val_check_interval=2", "data.prompts_per_step=4",
+           "data.sampling.n=4", "data.val_prompts=4", "data.val_samples=2", "callbacks=none",
+           f"paths.cache_dir={cache_dir}", f"hydra.sweep.dir={sweep}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    compare_cmd = bin_dir / "lit-credit-compare"
+    head = [str(compare_cmd)] if compare_cmd.exists() else [sys.executable, "-m", "lit_credit.analysis.compare"]
+    shown = subprocess.run([*head, str(sweep), "--baseline", "credit=grpo", "--metric", "val/sampled/pass@2"],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    # validations before training (index 0) and after step 2 (Lightning's index 1, as step 2's training metrics)
+    assert "`val/sampled/pass@2` at step 1 (the last step every run logged); baseline credit=grpo" in shown.stdout
+    assert "| credit=grpo (baseline) | 2 |" in shown.stdout and "| credit=rloo | 2 |" in shown.stdout
+    assert (sweep / "compare" / "val_sampled_passat2.png").read_bytes()[:8] == PNG
+    # the same seed sees the same stream: at step 0 (before any update) both arms are the same policy, so the
+    # paired differences are exactly 0
+    result = compare(sweep, "credit=grpo", "val/sampled/pass@2", step=0)
+    assert result.rows[1].difference == 0.0 and result.rows[1].low == result.rows[1].high == 0.0
