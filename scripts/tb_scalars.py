@@ -4,18 +4,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from lit_credit.analysis.compare import run_scalars
 
 
 def scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar series of the TensorBoard event files under ``run_dir``: tag -> [(step, value)]."""
-    out: dict[str, list[tuple[int, float]]] = {}
-    for events in sorted(Path(run_dir).rglob("events.out.tfevents.*")):
-        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
-    return {tag: sorted(series) for tag, series in out.items()}
+    """Every scalar series of the TensorBoard event files under ``run_dir``: tag -> [(step, value)], by step
+    (:func:`lit_credit.analysis.compare.run_scalars`, the one reader)."""
+    return {tag: sorted(series.items()) for tag, series in run_scalars(run_dir).items()}
 
 
 def main() -> None:
