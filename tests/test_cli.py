@@ -26,7 +26,8 @@ def describe(module, datamodule) -> dict:
                                           "max_logprob_gap")},
         "policy": module.source.prepare(),
         "sampling": datamodule.sampling, "prompts_per_step": datamodule.prompts_per_step,
-        "val_prompts": datamodule.val_prompts, "engine": type(datamodule.experience.engine).__name__,
+        "val_prompts": datamodule.val_prompts, "val_samples": datamodule.val_samples,
+        "embedded": module.source.embedded.recipe, "engine": type(datamodule.experience.engine).__name__,
         "task": vars(datamodule.task) | {"_splits": None}, "reward": type(datamodule.reward).__name__,
     }
 

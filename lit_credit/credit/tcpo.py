@@ -129,7 +129,7 @@ def select_counterfactual_turns(
     key = (
         surprisal
         if mode == "surprisal"
-        else torch.rand(surprisal.shape, generator=generator, device=mask.device)
+        else torch.rand(surprisal.shape, generator=generator).to(mask.device)  # a CPU generator, any device
     )
     key = key.masked_fill(~mask, float("-inf")).reshape(-1)
     group = torch.unique(group_ids, return_inverse=True)[1][:, None].expand_as(mask).reshape(-1)
