@@ -331,7 +331,8 @@ class ToolSampler:
     """The experience layer for :class:`~lit_credit.rollout.augment.CounterfactualTurns` (``score=reward``) on
     a tool batch: an alternative of tool turn k is a fresh kind drawn from :data:`KIND_PROBS` written on gold
     step k (:func:`tool_turn_text`), scored by the reward's ``turn_score`` (HierR's process score of the turn
-    against gold step k)."""
+    against gold step k). Only what the augmenter calls with ``score=reward`` (``sampling``, ``sample``,
+    ``turn_score``) exists: it is the synthetic stand-in of that part of the experience layer."""
 
     def __init__(self, rows: Sequence[dict[str, Any]], reward: HierRReward, seed: int) -> None:
         self.rows, self.reward, self.rng = rows, reward, random.Random(seed)
@@ -347,12 +348,6 @@ class ToolSampler:
             texts = [tool_turn_text(step, kind, row["allowed_tools"]) for kind in kinds]
             out.append([Completion([REPLY + k], [0.0], text) for text in texts])
         return out
-
-    def sample_messages(self, messages, sampling):
-        raise NotImplementedError("the augmenter samples from token histories (sample)")
-
-    def verify(self, row: dict[str, Any], turn: int, reply: str) -> Feedback:
-        raise NotImplementedError("tool alternatives are scored by the reward (augment.score=reward)")
 
     def turn_score(self, row: dict[str, Any], turn: int, reply: str) -> float:
         return self.reward.turn_score(row, turn, reply)
@@ -481,7 +476,8 @@ class RevisionSampler:
     """The experience layer for :class:`~lit_credit.rollout.augment.CounterfactualTurns` (``score=verifier``)
     on a revision batch: an alternative of turn k is an action drawn from :data:`ACTION_PROBS` (the policy of
     the batch), and the verifier scores it from the rollout's state before turn k (``row["before"][k]``) with
-    the batch's verifier noise, from its own ``random.Random(seed)``."""
+    the batch's verifier noise, from its own ``random.Random(seed)``. Only what the augmenter calls with
+    ``score=verifier`` (``sampling``, ``sample``, ``verify``) exists."""
 
     def __init__(self, noise: float, seed: int) -> None:
         self.noise, self.rng = noise, random.Random(seed)
@@ -491,9 +487,6 @@ class RevisionSampler:
         return [[Completion([REPLY + _history(p)[1]], [math.log(ACTION_PROBS[ACTIONS.index(a)])], a)
                  for a in self.rng.choices(ACTIONS, ACTION_PROBS, k=sampling.n)] for p in prompts]
 
-    def sample_messages(self, messages, sampling):
-        raise NotImplementedError("the augmenter samples from token histories (sample)")
-
     def verify(self, row: dict[str, Any], turn: int, reply: str) -> Feedback:
         score, enabled = row["before"][turn]
         after = revision_step(torch.tensor([score], dtype=torch.float64), torch.tensor([enabled]),
@@ -501,9 +494,6 @@ class RevisionSampler:
         if self.rng.random() < self.noise:
             after = self.rng.choice(LEVELS)
         return Feedback(done=False, score=after)
-
-    def turn_score(self, row: dict[str, Any], turn: int, reply: str) -> float:
-        raise NotImplementedError("revision alternatives are scored by the verifier (augment.score=verifier)")
 
 
 def revision_probes(groups: int, seed: int, *, noises: Sequence[float] = NOISES,

@@ -22,10 +22,11 @@ from lit_credit.models import PolicySource, token_logprobs
 from lit_credit.rewards import CASES
 from lit_credit.rollout import ChatCodec
 from lit_credit.rollout.roles import role_batch
-from lit_credit.tasks.form import INSTRUCTIONS, action_text, challenge_text
+from lit_credit.tasks.form import INSTRUCTIONS, action_text
 from lit_credit.tasks.form_game import FormGame, RoleActions, decision_action
 from lit_credit.train import build
 from lit_credit.types import Completion
+from tests.tasks.dpa_script import script as game_script
 
 SMALL = ["experiment=dpa_form", "model.embedded.sft_steps=0", "task.num_train=1", "task.num_test=2",
          "task.lines=[1a,15]", "data.prompts_per_step=2", "data.sampling.n=2", "trainer.max_steps=1",
@@ -110,23 +111,11 @@ class ScriptedEngine:
 
 
 def script(role, row, x):
-    """Decisions by (line, x right): 1a right -> NS (case 1); 1a wrong -> SAC, revisions [unparsable, wrong, right,
-    right, unparsable] (first 0, first parsable 1, first right 2), REVISE (5a with gold_first); 15 right -> SAC, no
-    parsable revision, REVISE (2); 15 wrong -> SAC, all revisions x again (wrong), KEEP (6a)."""
-    gold, line = row["gold"], row["line"]
+    """The proposer's two proposals per line (one right, one wrong), then the game's scripted roles
+    (:func:`tests.tasks.dpa_script.script`)."""
     if role == "proposer":
-        return [str(gold), str(gold + 1)]  # one right, one wrong proposal per line
-    right = x == gold
-    if role == "verifier":
-        if line == "1a" and right:
-            return [action_text(line, "NS")]
-        return [action_text(line, "SAC") + "\n" + challenge_text({"claim": str(gold)})]
-    if role == "reviser":
-        if line == "1a":
-            return ["n/a", str(gold + 7), str(gold), str(gold), "n/a"]
-        return ["n/a"] * 5 if right else [str(gold + 1)] * 5
-    decision = "REVISE" if (line == "1a" or right) else "KEEP"
-    return [action_text(line, decision)]
+        return [str(row["gold"]), str(row["gold"] + 1)]
+    return game_script(role, row, str(x))
 
 
 @pytest.fixture

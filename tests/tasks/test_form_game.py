@@ -18,9 +18,10 @@ import torch
 from lit_credit.interfaces import Game
 from lit_credit.rewards import CASES, FormLineReward
 from lit_credit.rollout.loop import Episode, to_batch
-from lit_credit.tasks.form import INSTRUCTIONS, action_text, challenge_text
+from lit_credit.tasks.form import INSTRUCTIONS, action_text
 from lit_credit.tasks.form_game import Action, FormGame, decision_action
 from lit_credit.types import Completion, SamplingParams
+from tests.tasks.dpa_script import script
 
 ROWS = [{"context": "single | w2 52300/4100\n", "line": "1a", "gold": 52300},
         {"context": "single | w2 52300/4100\nform: 1a 52300, 11 52300, 12 14600\n", "line": "15", "gold": 37700}]
@@ -39,20 +40,6 @@ def proposals(xs=None):
         ep.add_reply(Completion([9], [0.0], x), 0)
         episodes.append(ep)
     return to_batch(episodes, [reward(row, [x]) for row, x in zip(rows, xs)], pad_id=0)
-
-
-def script(role, row, x):
-    gold, line = row["gold"], row["line"]
-    right = x == str(gold)
-    if role == "verifier":
-        if line == "1a" and right:
-            return [action_text(line, "NS")]
-        return [action_text(line, "SAC") + "\n" + challenge_text({"claim": str(gold)})]
-    if role == "reviser":
-        if line == "1a":
-            return ["n/a", str(gold + 7), str(gold), str(gold), "n/a"]
-        return ["n/a"] * 5 if right else [str(gold + 1)] * 5
-    return [action_text(line, "REVISE" if line == "1a" or right else "KEEP")]
 
 
 class ScriptedActor:
