@@ -34,7 +34,7 @@ def _task_identity(task: Task) -> dict:
 class EmbeddedPolicy:
     """Builds once, then reuses, an SFT-warm-started tiny policy for ``task`` under ``cache_dir``.
 
-    Recipe: a byte-level BPE tokenizer trained on the task corpus (digits split), a Llama decoder
+    Recipe: a byte-level BPE tokenizer trained on the task corpus (digits split unless ``split_digits=False``), a Llama decoder
     (``hidden_size`` x ``num_layers``, tied embeddings), then ``sft_steps`` of supervised training on
     the task's gold demonstrations. The directory name hashes the whole recipe; it is written to a
     temporary directory and renamed, so a crash never leaves a half-built cache behind.
@@ -46,9 +46,9 @@ class EmbeddedPolicy:
     def __init__(self, task: Task, cache_dir: str = ".cache/lit-credit", vocab_size: int = 512,
                  hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4, intermediate_size: int = 384,
                  max_positions: int = 1024, sft_steps: int = 150, sft_batch_size: int = 32, sft_lr: float = 3e-3,
-                 seed: int = 0) -> None:
+                 split_digits: bool = True, seed: int = 0) -> None:
         self.task, self.cache_dir = task, cache_dir
-        self.recipe = {"vocab_size": vocab_size, "hidden_size": hidden_size, "num_layers": num_layers,
+        self.recipe = {"vocab_size": vocab_size, "split_digits": split_digits, "hidden_size": hidden_size, "num_layers": num_layers,
                        "num_heads": num_heads, "intermediate_size": intermediate_size,
                        "max_positions": max_positions, "sft_steps": sft_steps, "sft_batch_size": sft_batch_size,
                        "sft_lr": sft_lr, "seed": seed}
@@ -74,7 +74,8 @@ class EmbeddedPolicy:
         r = self.recipe
         with torch.random.fork_rng():
             torch.manual_seed(r["seed"])
-            tokenizer = build_tokenizer(self.task.corpus(), vocab_size=r["vocab_size"])
+            tokenizer = build_tokenizer(self.task.corpus(), vocab_size=r["vocab_size"],
+                                        split_digits=r["split_digits"])
             config = LlamaConfig(
                 vocab_size=len(tokenizer), hidden_size=r["hidden_size"], intermediate_size=r["intermediate_size"],
                 num_hidden_layers=r["num_layers"], num_attention_heads=r["num_heads"],

@@ -38,16 +38,17 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 512, split_digits: bool = True) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on ``corpus`` (deterministic for a fixed corpus order).
 
-    Digits are split one per token so numbers are spelled digit by digit; every byte is in the
+    With ``split_digits`` numbers are spelled digit by digit (arithmetic); without it frequent digit runs
+    merge like words, so a date such as ``2026-11-13`` takes a few tokens instead of ten. Every byte is in the
     alphabet, so no text is ever out of vocabulary.
     """
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -26,6 +26,18 @@ def test_tokenizer_is_deterministic_and_spells_digits():
     assert a.convert_ids_to_tokens(ids) == ["1", "2", "3", "4"]  # one token per digit
 
 
+def test_tokenizer_without_digit_split_merges_frequent_digit_runs():
+    """With split_digits=False a date the corpus repeats becomes word-like tokens: '2026' (20 times in the
+    corpus) is one token, so the date is 5 tokens ('2026', '-', '11', '-', '13') instead of 10 digits and 2
+    dashes; the digit-split tokenizer of the same corpus still spells it digit by digit."""
+    corpus = ['{"city":"Sydney","date":"2026-11-13"}'] * 20
+    merged = build_tokenizer(corpus, 300, split_digits=False)
+    ids = merged('2026-11-13', add_special_tokens=False)["input_ids"]
+    assert merged.convert_ids_to_tokens(ids) == ["2026", "-", "11", "-", "13"]
+    split = build_tokenizer(corpus, 300)
+    assert len(split("2026-11-13", add_special_tokens=False)["input_ids"]) == 8 + 2
+
+
 def test_chat_template_is_hermes_and_tool_tags_survive_decoding():
     tok = build_tokenizer(CORPUS, 300)
     text = tok.apply_chat_template(
