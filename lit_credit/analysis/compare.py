@@ -2,7 +2,7 @@
 with a 95 % bootstrap interval of the mean paired difference.
 
     lit-credit-compare SWEEP_DIR --baseline credit=grpo --metric val/tool/exact_match \\
-        [--control method.optimizer.lr=0] [--step last|final|N] [--out table.md] [--plot fig.png]
+        [--control method.optimizer.lr=0] [--start] [--step last|final|N] [--out table.md] [--plot fig.png]
 
 A sweep is a directory of runs (a Hydra multirun; sub-sweeps below it count too). A run is a directory with
 ``.hydra/overrides.yaml`` and TensorBoard event files. The runs are read by :func:`load_runs` and grouped into
@@ -11,7 +11,11 @@ A sweep is a directory of runs (a Hydra multirun; sub-sweeps below it count too)
 ``--control`` (:func:`baseline_of`). So ``credit=grpo,slca x reward.judge.noise=0.5,1.0`` compares SLCA at noise
 0.5 with GRPO at noise 0.5. A frozen control (``--control method.optimizer.lr=0``: the same prompt stream per
 seed, no learning) is one more arm, marked in the table and plot. Its difference to the baseline says whether
-the baseline learned at all.
+the baseline learned at all. ``--start`` adds the **frozen start** instead of (or besides) a control run: the
+baseline's own runs read at their first logged step. For a held-out metric this is exactly what a frozen
+control would read at every step (validation is seeded per run and isolated from training, so unchanged
+weights give the step-0 value again), at no cost; for a training-side metric it is not (the stream moves on),
+and a control run is needed.
 
 Each arm's runs are paired with its baseline's by seed. Let ``x_s`` be the metric of the arm's seed-``s`` run
 at the step and ``y_s`` the baseline's. The differences ``d_s = x_s - y_s`` give the mean paired difference
@@ -212,7 +216,8 @@ def paired_bootstrap(differences: Sequence[float], resamples: int = 10_000, seed
 
 @dataclass
 class ArmResult:
-    """One arm of a comparison. ``role`` is ``baseline``, ``control`` or ``arm``. ``values`` and
+    """One arm of a comparison. ``role`` is ``baseline``, ``control``, ``start`` (a baseline's runs at their
+    first logged step) or ``arm``. ``values`` and
     ``baseline_values`` are the metric per seed, paired. ``difference``, ``low`` and ``high`` come from
     :func:`paired_bootstrap` (None for a baseline arm)."""
 
@@ -250,6 +255,7 @@ class Comparison:
     level: float
     rows: list[ArmResult]
     runs: dict[str, list[Run]] = field(repr=False)
+    start: int | None = None
 
 
 def _value_at(run: Run, metric: str, step: int | None) -> float:
@@ -299,9 +305,10 @@ def _check_metric(runs: Sequence[Run], metric: str) -> None:
 
 def compare(runs: Sequence[Run] | str | os.PathLike, baseline: str | Iterable[str] | Mapping[str, str], metric: str,
             step: str | int = "last", control: str | Iterable[str] | Mapping[str, str] | None = None,
-            resamples: int = 10_000, seed: int = 0, level: float = 0.95) -> Comparison:
+            resamples: int = 10_000, seed: int = 0, level: float = 0.95, start: bool = False) -> Comparison:
     """Each arm of ``runs`` (or of the sweep directory) against its baseline on ``metric`` at ``step``,
-    paired by seed (module docstring). Raises :class:`CompareError`, naming the fix, when there are no runs,
+    paired by seed (module docstring); with ``start``, each baseline's frozen start too (its runs at the first
+    step every one of them logged, minus the same runs at ``step``). Raises :class:`CompareError`, naming the fix, when there are no runs,
     no baseline arm, a run without the metric or the step, or seeds without a partner."""
     runs = load_runs(runs) if isinstance(runs, (str, os.PathLike)) else list(runs)
     if not runs:
@@ -344,8 +351,17 @@ def compare(runs: Sequence[Run] | str | os.PathLike, baseline: str | Iterable[st
         mean, low, high = paired_bootstrap([a - b for a, b in zip(x, y)], resamples, seed, level)
         role = "control" if _matches(overrides[label], control_spec) else "arm"
         rows.append(ArmResult(label, role, base, seeds, x, y, mean, low, high))
+    first = min(set.intersection(*(set(r.scalars[metric]) for r in runs))) if start else None
+    for label in bases if start else ():
+        members = grouped[label]
+        x = [_value_at(r, metric, first) for r in members]
+        y = [_value_at(r, metric, at) for r in members]
+        mean, low, high = paired_bootstrap([a - b for a, b in zip(x, y)], resamples, seed, level)
+        rows.append(ArmResult(f"{label} at step {first}", "start", label, [r.seed for r in members], x, y, mean,
+                              low, high))
     step_label = "final" if at is None else str(at)
-    return Comparison(metric, step_label, note, base_spec, control_spec, resamples, seed, level, rows, grouped)
+    return Comparison(metric, step_label, note, base_spec, control_spec, resamples, seed, level, rows, grouped,
+                      first)
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -356,7 +372,9 @@ def table(result: Comparison) -> str:
     control = " ".join(f"{k}={v}" for k, v in result.control.items())
     step = "final" if result.step == "final" else f"step {result.step}"
     lines = [f"`{result.metric}` at {step} ({result.step_note}); baseline {spec}"
-             + (f", frozen control {control}" if control else "") + "; paired by seed; "
+             + (f", frozen control {control}" if control else "")
+             + (f", frozen start = the baseline's runs at step {result.start}" if result.start is not None else "")
+             + "; paired by seed; "
              f"{round(100 * result.level)} % percentile bootstrap interval of the mean paired difference "
              f"({result.resamples} resamples of the seeds, seed {result.seed}).", "",
              "| arm | seeds | arm mean | baseline mean | difference | "
@@ -369,7 +387,7 @@ def table(result: Comparison) -> str:
             continue
         base = sum(row.baseline_values) / len(row.baseline_values)
         excludes = {True: "yes", False: "no", None: "n/a (1 seed)"}[row.excludes_zero]
-        name = f"{row.label} (control)" if row.role == "control" else row.label
+        name = {"control": f"{row.label} (control)", "start": f"{row.label} (frozen start)"}.get(row.role, row.label)
         name += f" vs {row.baseline}" if sum(r.role == "baseline" for r in result.rows) > 1 else ""
         lines.append(f"| {name} | {len(row.seeds)} | {mean:.4f} | {base:.4f} | {row.difference:+.4f} | "
                      f"[{row.low:+.4f}, {row.high:+.4f}] | {excludes} |")
@@ -407,14 +425,15 @@ def plot(result: Comparison):
     curves.grid(alpha=0.3)
     compared = [r for r in result.rows if r.role != "baseline"]
     for y, row in enumerate(compared):
-        color = "grey" if row.role == "control" else f"C{y % 10}"
+        frozen = row.role in ("control", "start")
+        color = "grey" if frozen else f"C{y % 10}"
         diffs.errorbar([row.difference], [y], xerr=[[row.difference - row.low], [row.high - row.difference]],
-                       fmt="s" if row.role == "control" else "o", color=color, capsize=4)
+                       fmt="s" if frozen else "o", color=color, capsize=4)
         diffs.scatter([a - b for a, b in zip(row.values, row.baseline_values)], [y] * len(row.seeds), s=10,
                       color=color, alpha=0.4)
     diffs.axvline(0.0, color="black", lw=0.8)
-    diffs.set_yticks(range(len(compared)), [f"{r.label} (control)" if r.role == "control" else r.label
-                                            for r in compared], fontsize=8)
+    diffs.set_yticks(range(len(compared)), [{"control": f"{r.label} (control)", "start": f"{r.label} (frozen start)"}
+                                            .get(r.role, r.label) for r in compared], fontsize=8)
     diffs.set_ylim(-0.6, max(len(compared) - 0.4, 0.6))
     step = "final" if result.step == "final" else f"step {result.step}"
     diffs.set_xlabel(f"{result.metric} - baseline at {step}")
@@ -437,6 +456,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                        "(each run's last value) or a step number")
     parser.add_argument("--control", nargs="+", default=None, help="the frozen control's overrides, e.g. "
                                                                     "method.optimizer.lr=0")
+    parser.add_argument("--start", action="store_true", help="add each baseline's frozen start: its runs at their "
+                        "first logged step (for held-out metrics, what a frozen control reads at every step)")
     parser.add_argument("--out", default=None, help="write the table here (default: SWEEP_DIR/compare/<metric>.md)")
     parser.add_argument("--plot", default=None, help="write the figure here (default: SWEEP_DIR/compare/<metric>.png)")
     parser.add_argument("--resamples", type=int, default=10_000)
@@ -444,7 +465,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         result = compare(args.sweep_dir, args.baseline, args.metric, args.step, args.control, args.resamples,
-                         args.seed)
+                         args.seed, start=args.start)
     except CompareError as err:
         raise SystemExit(f"lit-credit-compare: {err}") from None
     text = table(result)

@@ -178,6 +178,20 @@ def test_the_table(sweep):
     ]
 
 
+def test_the_frozen_start_is_the_baselines_runs_at_their_first_step(sweep):
+    """Every run logged val/acc = 0.25 at step 0; the baseline's seeds read 0.5, 0.25, 0.75 at step 10, so the
+    start's paired differences are -0.25, 0, -0.5 (mean -0.25), the interval inside [-0.5, 0]."""
+    result = compare(sweep, "credit=grpo", "val/acc", control="method.optimizer.lr=0", start=True)
+    start = result.rows[-1]
+    assert (start.label, start.role, start.baseline, result.start) == ("credit=grpo at step 0", "start", "credit=grpo", 0)
+    assert start.values == [0.25, 0.25, 0.25] and start.baseline_values == [0.5, 0.25, 0.75]
+    assert start.difference == pytest.approx(-0.25) and -0.5 <= start.low <= start.high <= 0.0
+    text = table(result)
+    assert "frozen start = the baseline's runs at step 0" in text.splitlines()[0]
+    assert "| credit=grpo at step 0 (frozen start) | 3 | 0.2500 | 0.5000 | -0.2500 |" in text
+    assert compare(sweep, "credit=grpo", "val/acc").start is None
+
+
 def test_step_choices(sweep):
     lr0 = "method.optimizer.lr=0"
     assert compare(sweep, "credit=grpo", "val/acc", step=0, control=lr0).rows[1].difference == 0.0  # all 0.25
