@@ -406,13 +406,15 @@ def plot(result: Comparison):
     fig = Figure(figsize=(12, 4.2), dpi=110)
     curves, diffs = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     roles = {r.label: r.role for r in result.rows}
+    colors = {label: f"C{i % 10}" for i, label in enumerate(result.runs)}  # one colour per arm in both panels
     for label, members in result.runs.items():
         series = [r.scalars[result.metric] for r in members]
         steps = sorted(set.intersection(*(set(s) for s in series)))
         if not steps:  # its runs share no logged step (different step counts): no mean curve
             continue
         values = np.array([[s[t] for t in steps] for s in series])
-        style = {"baseline": {"lw": 2.2}, "control": {"ls": "--", "color": "grey"}}.get(roles[label], {})
+        style = {"baseline": {"lw": 2.2, "color": colors[label]}, "control": {"ls": "--", "color": "grey"}}.get(
+            roles[label], {"color": colors[label]})
         tag = {"baseline": " (baseline)", "control": " (control)"}.get(roles[label], "")
         (line,) = curves.plot(steps, values.mean(0), marker=".", label=f"{label}{tag} (n={len(members)})", **style)
         curves.fill_between(steps, values.min(0), values.max(0), alpha=0.15, color=line.get_color())
@@ -426,7 +428,7 @@ def plot(result: Comparison):
     compared = [r for r in result.rows if r.role != "baseline"]
     for y, row in enumerate(compared):
         frozen = row.role in ("control", "start")
-        color = "grey" if frozen else f"C{y % 10}"
+        color = "grey" if frozen else colors.get(row.label, f"C{y % 10}")
         diffs.errorbar([row.difference], [y], xerr=[[row.difference - row.low], [row.high - row.difference]],
                        fmt="s" if frozen else "o", color=color, capsize=4)
         diffs.scatter([a - b for a, b in zip(row.values, row.baseline_values)], [y] * len(row.seeds), s=10,
