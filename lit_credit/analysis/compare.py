@@ -13,8 +13,8 @@ A sweep is a directory of runs (a Hydra multirun; sub-sweeps below it count too)
 seed, no learning) is one more arm, marked in the table and plot. Its difference to the baseline says whether
 the baseline learned at all. ``--start`` adds the **frozen start** instead of (or besides) a control run: the
 baseline's own runs read at their first logged step. For a held-out metric this is exactly what a frozen
-control would read at every step (validation is seeded per run and isolated from training, so unchanged
-weights give the step-0 value again), at no cost; for a training-side metric it is not (the stream moves on),
+control would read at every step with the HF engine (validation is seeded per run and isolated from training,
+so unchanged weights give the step-0 value again; vLLM's sampler state is outside that guarantee), at no cost; for a training-side metric it is not (the stream moves on),
 and a control run is needed.
 
 Each arm's runs are paired with its baseline's by seed. Let ``x_s`` be the metric of the arm's seed-``s`` run
@@ -255,7 +255,7 @@ class Comparison:
     level: float
     rows: list[ArmResult]
     runs: dict[str, list[Run]] = field(repr=False)
-    start: int | None = None
+    start: dict[str, int] | None = None  # baseline label -> the step of its frozen start
 
 
 def _value_at(run: Run, metric: str, step: int | None) -> float:
@@ -308,7 +308,7 @@ def compare(runs: Sequence[Run] | str | os.PathLike, baseline: str | Iterable[st
             resamples: int = 10_000, seed: int = 0, level: float = 0.95, start: bool = False) -> Comparison:
     """Each arm of ``runs`` (or of the sweep directory) against its baseline on ``metric`` at ``step``,
     paired by seed (module docstring); with ``start``, each baseline's frozen start too (its runs at the first
-    step every one of them logged, minus the same runs at ``step``). Raises :class:`CompareError`, naming the fix, when there are no runs,
+    step all of them logged, minus the same runs at ``step``). Raises :class:`CompareError`, naming the fix, when there are no runs,
     no baseline arm, a run without the metric or the step, or seeds without a partner."""
     runs = load_runs(runs) if isinstance(runs, (str, os.PathLike)) else list(runs)
     if not runs:
@@ -351,9 +351,14 @@ def compare(runs: Sequence[Run] | str | os.PathLike, baseline: str | Iterable[st
         mean, low, high = paired_bootstrap([a - b for a, b in zip(x, y)], resamples, seed, level)
         role = "control" if _matches(overrides[label], control_spec) else "arm"
         rows.append(ArmResult(label, role, base, seeds, x, y, mean, low, high))
-    first = min(set.intersection(*(set(r.scalars[metric]) for r in runs))) if start else None
+    starts: dict[str, int] = {}
     for label in bases if start else ():
         members = grouped[label]
+        common = set.intersection(*(set(r.scalars[metric]) for r in members))
+        if not common:
+            raise CompareError(f"the runs of the baseline {label!r} share no logged step of {metric}, so it has no "
+                               "frozen start; fix: drop --start, or rerun them with the same validation steps")
+        first = starts[label] = min(common)
         x = [_value_at(r, metric, first) for r in members]
         y = [_value_at(r, metric, at) for r in members]
         mean, low, high = paired_bootstrap([a - b for a, b in zip(x, y)], resamples, seed, level)
@@ -361,10 +366,15 @@ def compare(runs: Sequence[Run] | str | os.PathLike, baseline: str | Iterable[st
                               low, high))
     step_label = "final" if at is None else str(at)
     return Comparison(metric, step_label, note, base_spec, control_spec, resamples, seed, level, rows, grouped,
-                      first)
+                      starts or None)
 
 
 # ---------------------------------------------------------------------------------------------- output
+def _steps(start: Mapping[str, int]) -> str:
+    steps = sorted(set(start.values()))
+    return str(steps[0]) if len(steps) == 1 else "/".join(f"{step} ({label})" for label, step in start.items())
+
+
 def table(result: Comparison) -> str:
     """The comparison as a markdown table with a header line stating the metric, step, baseline, pairing
     and interval."""
@@ -373,7 +383,7 @@ def table(result: Comparison) -> str:
     step = "final" if result.step == "final" else f"step {result.step}"
     lines = [f"`{result.metric}` at {step} ({result.step_note}); baseline {spec}"
              + (f", frozen control {control}" if control else "")
-             + (f", frozen start = the baseline's runs at step {result.start}" if result.start is not None else "")
+             + (f", frozen start = the baseline's runs at step {_steps(result.start)}" if result.start else "")
              + "; paired by seed; "
              f"{round(100 * result.level)} % percentile bootstrap interval of the mean paired difference "
              f"({result.resamples} resamples of the seeds, seed {result.seed}).", "",

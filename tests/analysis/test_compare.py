@@ -183,13 +183,28 @@ def test_the_frozen_start_is_the_baselines_runs_at_their_first_step(sweep):
     start's paired differences are -0.25, 0, -0.5 (mean -0.25), the interval inside [-0.5, 0]."""
     result = compare(sweep, "credit=grpo", "val/acc", control="method.optimizer.lr=0", start=True)
     start = result.rows[-1]
-    assert (start.label, start.role, start.baseline, result.start) == ("credit=grpo at step 0", "start", "credit=grpo", 0)
+    assert (start.label, start.role, start.baseline) == ("credit=grpo at step 0", "start", "credit=grpo")
+    assert result.start == {"credit=grpo": 0}
     assert start.values == [0.25, 0.25, 0.25] and start.baseline_values == [0.5, 0.25, 0.75]
     assert start.difference == pytest.approx(-0.25) and -0.5 <= start.low <= start.high <= 0.0
     text = table(result)
     assert "frozen start = the baseline's runs at step 0" in text.splitlines()[0]
     assert "| credit=grpo at step 0 (frozen start) | 3 | 0.2500 | 0.5000 | -0.2500 |" in text
     assert compare(sweep, "credit=grpo", "val/acc").start is None
+
+
+def test_the_frozen_start_is_read_at_the_baselines_own_first_step():
+    """The baseline validated at steps 0 and 10, the arm at 5 and 10: the start is the baseline's step 0
+    (0.25 - 0.5 = -0.25 for both seeds), not the first step all runs share (10, which would give 0)."""
+    base = [run({"credit": "grpo"}, s, {0: 0.25, 10: 0.5}) for s in ("0", "1")]
+    arm = [run({"credit": "slca"}, s, {5: 0.25, 10: 0.75}) for s in ("0", "1")]
+    result = compare(base + arm, "credit=grpo", "val/acc", start=True)
+    start = result.rows[-1]
+    assert result.start == {"credit=grpo": 0} and start.label == "credit=grpo at step 0"
+    assert (start.difference, start.low, start.high) == (-0.25, -0.25, -0.25)
+    uneven = [run({"credit": "grpo"}, "0", {0: 0.25, 10: 0.5}), run({"credit": "grpo"}, "1", {5: 0.25, 15: 0.5})]
+    with pytest.raises(CompareError, match=r"share no logged step.*fix: drop --start"):
+        compare(uneven, "credit=grpo", "val/acc", step="final", start=True)
 
 
 def test_step_choices(sweep):

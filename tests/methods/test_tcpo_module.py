@@ -82,7 +82,9 @@ def test_counterfactual_resampling_uses_exact_histories_and_the_verifier(make_cf
 def test_baselines_and_method_share_the_module(credit, make_cfg):
     # experiment=tcpo_math keeps augment=counterfactual for every credit; it runs only when the estimator needs
     # its extras (credit=tcpo, preset tcpo): for the others it stays idle, no engine call at n = augment.samples.
-    cfg = make_cfg("experiment=tcpo_math", credit, "debug=fdr", *MATH_SMALL, "augment.samples=3", fast_task=False)
+    # data.val_samples=0: the sampled validation (n = 8 in tcpo_math) would be one more n in the engine's calls
+    cfg = make_cfg("experiment=tcpo_math", credit, "debug=fdr", *MATH_SMALL, "augment.samples=3", "data.val_samples=0",
+                   fast_task=False)
     module, datamodule, trainer = build(cfg)
     assert type(module) is GRPOModule and isinstance(module.augment, CounterfactualTurns)
     resamples = credit == "credit=tcpo"

@@ -28,7 +28,7 @@ def test_tokenizer_is_deterministic_and_spells_digits():
 
 def test_tokenizer_without_digit_split_merges_frequent_digit_runs():
     """With split_digits=False a date the corpus repeats becomes word-like tokens: '2026' (20 times in the
-    corpus) is one token, so the date is 5 tokens ('2026', '-', '11', '-', '13') instead of 10 digits and 2
+    corpus) is one token, so the date is 5 tokens ('2026', '-', '11', '-', '13') instead of 8 digits and 2
     dashes; the digit-split tokenizer of the same corpus still spells it digit by digit."""
     corpus = ['{"city":"Sydney","date":"2026-11-13"}'] * 20
     merged = build_tokenizer(corpus, 300, split_digits=False)
