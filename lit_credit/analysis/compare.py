@@ -14,8 +14,8 @@ seed, no learning) is one more arm, marked in the table and plot. Its difference
 the baseline learned at all. ``--start`` adds the **frozen start** instead of (or besides) a control run: the
 baseline's own runs read at their first logged step. For a held-out metric this is exactly what a frozen
 control would read at every step with the HF engine (validation is seeded per run and isolated from training,
-so unchanged weights give the step-0 value again; vLLM's sampler state is outside that guarantee), at no cost; for a training-side metric it is not (the stream moves on),
-and a control run is needed.
+so unchanged weights give the step-0 value again; vLLM's sampler state is outside that guarantee), at no
+cost; for a training-side metric it is not (the stream moves on), and a control run is needed.
 
 Each arm's runs are paired with its baseline's by seed. Let ``x_s`` be the metric of the arm's seed-``s`` run
 at the step and ``y_s`` the baseline's. The differences ``d_s = x_s - y_s`` give the mean paired difference
@@ -308,8 +308,9 @@ def compare(runs: Sequence[Run] | str | os.PathLike, baseline: str | Iterable[st
             resamples: int = 10_000, seed: int = 0, level: float = 0.95, start: bool = False) -> Comparison:
     """Each arm of ``runs`` (or of the sweep directory) against its baseline on ``metric`` at ``step``,
     paired by seed (module docstring); with ``start``, each baseline's frozen start too (its runs at the first
-    step all of them logged, minus the same runs at ``step``). Raises :class:`CompareError`, naming the fix, when there are no runs,
-    no baseline arm, a run without the metric or the step, or seeds without a partner."""
+    step all of them logged, minus the same runs at ``step``). Raises :class:`CompareError`, naming the fix,
+    when there are no runs, no baseline arm, a run without the metric or the step, or seeds without a partner
+    (or, with ``start``, a baseline whose runs share no step)."""
     runs = load_runs(runs) if isinstance(runs, (str, os.PathLike)) else list(runs)
     if not runs:
         raise CompareError("no runs to compare; fix: give the sweep directory of a multirun")
@@ -375,6 +376,11 @@ def _steps(start: Mapping[str, int]) -> str:
     return str(steps[0]) if len(steps) == 1 else "/".join(f"{step} ({label})" for label, step in start.items())
 
 
+def _name(row: ArmResult) -> str:
+    """A row's label as the table and the plot show it: the control and the frozen start marked."""
+    return {"control": f"{row.label} (control)", "start": f"{row.label} (frozen start)"}.get(row.role, row.label)
+
+
 def table(result: Comparison) -> str:
     """The comparison as a markdown table with a header line stating the metric, step, baseline, pairing
     and interval."""
@@ -397,8 +403,7 @@ def table(result: Comparison) -> str:
             continue
         base = sum(row.baseline_values) / len(row.baseline_values)
         excludes = {True: "yes", False: "no", None: "n/a (1 seed)"}[row.excludes_zero]
-        name = {"control": f"{row.label} (control)", "start": f"{row.label} (frozen start)"}.get(row.role, row.label)
-        name += f" vs {row.baseline}" if sum(r.role == "baseline" for r in result.rows) > 1 else ""
+        name = _name(row) + (f" vs {row.baseline}" if sum(r.role == "baseline" for r in result.rows) > 1 else "")
         lines.append(f"| {name} | {len(row.seeds)} | {mean:.4f} | {base:.4f} | {row.difference:+.4f} | "
                      f"[{row.low:+.4f}, {row.high:+.4f}] | {excludes} |")
     few = min(len(r.seeds) for r in result.rows)
@@ -444,8 +449,7 @@ def plot(result: Comparison):
         diffs.scatter([a - b for a, b in zip(row.values, row.baseline_values)], [y] * len(row.seeds), s=10,
                       color=color, alpha=0.4)
     diffs.axvline(0.0, color="black", lw=0.8)
-    diffs.set_yticks(range(len(compared)), [{"control": f"{r.label} (control)", "start": f"{r.label} (frozen start)"}
-                                            .get(r.role, r.label) for r in compared], fontsize=8)
+    diffs.set_yticks(range(len(compared)), [_name(r) for r in compared], fontsize=8)
     diffs.set_ylim(-0.6, max(len(compared) - 0.4, 0.6))
     step = "final" if result.step == "final" else f"step {result.step}"
     diffs.set_xlabel(f"{result.metric} - baseline at {step}")
