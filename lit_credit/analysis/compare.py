@@ -349,9 +349,9 @@ def compare(runs: Sequence[Run] | str | os.PathLike, baseline: str | Iterable[st
         seeds = sorted(mine, key=_seed_key)
         x = [_value_at(mine[s], metric, at) for s in seeds]
         y = [_value_at(theirs[s], metric, at) for s in seeds]
-        mean, low, high = paired_bootstrap([a - b for a, b in zip(x, y)], resamples, seed, level)
         role = "control" if _matches(overrides[label], control_spec) else "arm"
-        rows.append(ArmResult(label, role, base, seeds, x, y, mean, low, high))
+        rows.append(ArmResult(label, role, base, seeds, x, y, *paired_bootstrap(
+            [a - b for a, b in zip(x, y)], resamples, seed, level)))
     starts: dict[str, int] = {}
     for label in bases if start else ():
         members = grouped[label]
@@ -362,9 +362,8 @@ def compare(runs: Sequence[Run] | str | os.PathLike, baseline: str | Iterable[st
         first = starts[label] = min(common)
         x = [_value_at(r, metric, first) for r in members]
         y = [_value_at(r, metric, at) for r in members]
-        mean, low, high = paired_bootstrap([a - b for a, b in zip(x, y)], resamples, seed, level)
-        rows.append(ArmResult(f"{label} at step {first}", "start", label, [r.seed for r in members], x, y, mean,
-                              low, high))
+        rows.append(ArmResult(f"{label} at step {first}", "start", label, [r.seed for r in members], x, y,
+                              *paired_bootstrap([a - b for a, b in zip(x, y)], resamples, seed, level)))
     step_label = "final" if at is None else str(at)
     return Comparison(metric, step_label, note, base_spec, control_spec, resamples, seed, level, rows, grouped,
                       starts or None)

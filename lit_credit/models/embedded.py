@@ -34,8 +34,8 @@ def _task_identity(task: Task) -> dict:
 class EmbeddedPolicy:
     """Builds once, then reuses, an SFT-warm-started tiny policy for ``task`` under ``cache_dir``.
 
-    Recipe: a byte-level BPE tokenizer trained on the task corpus (digits split unless ``split_digits=False``), a Llama decoder
-    (``hidden_size`` x ``num_layers``, tied embeddings), then ``sft_steps`` of supervised training on
+    Recipe: a byte-level BPE tokenizer trained on the task corpus (digits split unless
+    ``split_digits=False``), a Llama decoder (``hidden_size`` x ``num_layers``, tied embeddings), then ``sft_steps`` of supervised training on
     the task's gold demonstrations. The directory name hashes the whole recipe; it is written to a
     temporary directory and renamed, so a crash never leaves a half-built cache behind.
 
@@ -48,8 +48,8 @@ class EmbeddedPolicy:
                  max_positions: int = 1024, sft_steps: int = 150, sft_batch_size: int = 32, sft_lr: float = 3e-3,
                  split_digits: bool = True, seed: int = 0) -> None:
         self.task, self.cache_dir = task, cache_dir
-        self.recipe = {"vocab_size": vocab_size, "split_digits": split_digits, "hidden_size": hidden_size, "num_layers": num_layers,
-                       "num_heads": num_heads, "intermediate_size": intermediate_size,
+        self.recipe = {"vocab_size": vocab_size, "split_digits": split_digits, "hidden_size": hidden_size,
+                       "num_layers": num_layers, "num_heads": num_heads, "intermediate_size": intermediate_size,
                        "max_positions": max_positions, "sft_steps": sft_steps, "sft_batch_size": sft_batch_size,
                        "sft_lr": sft_lr, "seed": seed}
 

@@ -38,7 +38,8 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int = 512, split_digits: bool = True) -> PreTrainedTokenizerFast:
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 512,
+                    split_digits: bool = True) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on ``corpus`` (deterministic for a fixed corpus order).
 
     With ``split_digits`` numbers are spelled digit by digit (arithmetic); without it frequent digit runs
