@@ -197,7 +197,10 @@ class FormTask(Task):
     represent x ``lines``, gold from the case's ``output.xml`` (:func:`load_taxcalcbench`: the other cases
     are skipped with a logged reason; the report is kept as ``self.taxcalcbench``; no readable case is an
     error naming ``task.taxcalcbench_dir``). Rows are
-    shuffled (seeded) so a validation prefix covers many lines. Row fields: ``id`` (``case/line``), ``case``
+    shuffled (seeded) so a validation prefix covers many lines. ``rl_lines`` (a subset of ``lines``; None:
+    ``lines``) narrows the train and test rows to those lines while the demonstrations keep all of ``lines``,
+    so RL can be pointed at the lines where the SFT start is middling without changing that start (it is not
+    part of the embedded policy's cache key). Row fields: ``id`` (``case/line``), ``case``
     (the inputs as JSON), ``line``, ``gold``, ``context``, ``prompt`` (the proposer's messages).
 
     Demonstrations (the SFT warm start) cover all four roles (``role_mix`` proposer, verifier, reviser,
@@ -212,7 +215,7 @@ class FormTask(Task):
     def __init__(self, num_train: int = 400, num_test: int = 20, difficulties: Sequence[int] | str = (1, 2, 3),
                  lines: Sequence[str] | str = EVALUATED_LINES, taxcalcbench_dir: str | None = None,
                  role_mix: Sequence[float] | str = (0.4, 0.25, 0.2, 0.15), wrong_frac: float = 0.5,
-                 seed: int = 0) -> None:
+                 seed: int = 0, rl_lines: Sequence[str] | str | None = None) -> None:
         self.difficulties = tuple(int(d) for d in _items(difficulties))
         if not self.difficulties or set(self.difficulties) - {1, 2, 3}:
             raise ValueError(f"task.difficulties={difficulties!r}: a comma list of 1, 2, 3")
@@ -220,6 +223,11 @@ class FormTask(Task):
         unknown = set(self.lines) - set(EVALUATED_LINES)
         if not self.lines or unknown:
             raise ValueError(f"task.lines={lines!r}: unknown {sorted(unknown)}; use lines of {EVALUATED_LINES}")
+        # A list, not a tuple: only plain values and tuples enter the embedded policy's cache key, and these
+        # lines do not shape the demonstrations.
+        self.rl_lines = list(self.lines if rl_lines is None else (normalize_line_key(k) for k in _items(rl_lines)))
+        if not self.rl_lines or set(self.rl_lines) - set(self.lines):
+            raise ValueError(f"task.rl_lines={rl_lines!r}: a non-empty subset of task.lines {list(self.lines)}")
         mix = tuple(float(w) for w in _items(role_mix))
         if len(mix) != 4 or min(mix) < 0 or sum(mix) <= 0:
             raise ValueError(f"task.role_mix={role_mix!r}: 4 weights >= 0 (proposer, verifier, reviser, approver)")
@@ -250,8 +258,8 @@ class FormTask(Task):
             cases.append((f"{split}{i}", inp, compute_1040(inp)))
         return cases
 
-    def _rows(self, split: str) -> list[dict[str, Any]]:
-        rows = [r for cid, inp, gold in self._cases(split) for r in line_rows(cid, inp, gold, self.lines)]
+    def _rows(self, split: str, lines: Sequence[str]) -> list[dict[str, Any]]:
+        rows = [r for cid, inp, gold in self._cases(split) for r in line_rows(cid, inp, gold, tuple(lines))]
         random.Random(f"form-rows-{self.seed}-{split}").shuffle(rows)
         return rows
 
@@ -259,11 +267,11 @@ class FormTask(Task):
         if split not in ("train", "test"):
             raise ValueError(f"split={split!r}: use 'train' or 'test'")
         if split not in self._cache:
-            self._cache[split] = datasets.Dataset.from_list(self._rows(split))
+            self._cache[split] = datasets.Dataset.from_list(self._rows(split, self.rl_lines))
         return self._cache[split]
 
     def demonstrations(self, num: int, seed: int) -> Iterator[dict[str, Any]]:
-        rows = self._rows("train")
+        rows = self._rows("train", self.lines)
         rng = random.Random(seed)
         for _ in range(num):
             row = rng.choice(rows)

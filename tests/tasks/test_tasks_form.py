@@ -95,6 +95,21 @@ def test_dataset_splits_sizes_and_determinism():
         FormTask(role_mix="1,1")
 
 
+
+def test_rl_lines_narrow_the_rows_but_not_the_warm_start():
+    from lit_credit.models.embedded import _task_identity
+
+    full = FormTask(num_train=10, num_test=3, lines="1a,15,35a")
+    narrow = FormTask(num_train=10, num_test=3, lines="1a,15,35a", rl_lines="15")
+    # 10 train cases x 1 line, 3 test cases x 1 line; the rows are the full task's rows of line 15.
+    assert len(narrow.dataset("train")) == 10 and len(narrow.dataset("test")) == 3
+    assert set(narrow.dataset("train")["line"]) == {"15"}
+    assert sorted(narrow.dataset("train")["id"]) == sorted(i for i in full.dataset("train")["id"] if i.endswith("/15"))
+    # The demonstrations (hence the SFT start) and the embedded policy's cache key do not change.
+    assert list(narrow.demonstrations(20, seed=3)) == list(full.demonstrations(20, seed=3))
+    assert _task_identity(narrow) == _task_identity(full)
+    with pytest.raises(ValueError, match=r"task\.rl_lines"):
+        FormTask(lines="1a,15", rl_lines="35a")
 def test_taxcalcbench_directory_is_the_test_split(tmp_path: Path):
     # One case of the public layout (<case>/input.json + output.xml; the fixture tests/data/taxcalcbench holds
     # it): single, one W-2 52300 / 4100 -> 1a 52300, 15 = 52300 - 14600 = 37700, 16 4295 (output.xml).
