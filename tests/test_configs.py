@@ -74,6 +74,8 @@ def test_config_composes_and_instantiates(path, make_cfg, tmp_path):
     embedded = instantiate(make_cfg().model).prepare() if local_model else None
     if group == "model" and name == "hf":
         cfg = make_cfg("model=hf", f"model.path={embedded}", "model.dtype=float32", fast_model=False)
+    elif group == "model" and name == "smollm2":  # instantiating records the source; converting is prepare()'s
+        cfg = make_cfg("model=smollm2", fast_model=False)
     elif "/" in group and not group.startswith("hydra"):  # a nested group, e.g. reward/judge, task/simulator
         parent = {"reward": "reward=hierr", "task": "task=toolcall", "model": "model=embedded"}[group.split("/")[0]]
         model_path = [f"{group.replace('/', '.')}.generate_fn.path={embedded}"] if name == "llm" else []

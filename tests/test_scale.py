@@ -82,31 +82,31 @@ class Record(L.Callback):
             torch.save(state, self.out / "policy.pt")
 
 
-def compose_run(trainer: str, experience: str, cache_dir: str, out: str):
+def compose_run(trainer: str, experience: str, cache_dir: str, out: str, *extra: str):
     GlobalHydra.instance().clear()  # no HydraConfig: Lightning then re-launches `python -m tests.test_scale ...`
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
         cfg = compose("train", overrides=[*FAST, *RUN, f"trainer={trainer}",
                                           "data._target_=tests.test_scale.FixedExperience",
                                           f"+data.batches={experience}",
                                           "+callbacks.record._target_=tests.test_scale.Record",
-                                          f"+callbacks.record.out={out}"])
+                                          f"+callbacks.record.out={out}", *extra])
     with open_dict(cfg):
         cfg.paths.output_dir, cfg.paths.cache_dir = out, cache_dir
     return cfg
 
 
 def main(argv: list[str]) -> None:
-    trainer_name, experience, cache_dir, out = argv
-    module, datamodule, trainer = build(compose_run(trainer_name, experience, cache_dir, out))
+    trainer_name, experience, cache_dir, out, *extra = argv
+    module, datamodule, trainer = build(compose_run(trainer_name, experience, cache_dir, out, *extra))
     trainer.fit(module, datamodule=datamodule)
 
 
-def run(trainer: str, experience: Path, cache_dir: Path, out: Path) -> tuple[list[dict], dict, float]:
+def run(trainer: str, experience: Path, cache_dir: Path, out: Path, *extra: str) -> tuple[list[dict], dict, float]:
     out.mkdir(parents=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "tests.test_scale", trainer, str(experience), str(cache_dir),
-                           str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                           str(out), *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     elapsed = time.perf_counter() - start
     assert proc.returncode == 0, f"trainer={trainer} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
@@ -148,10 +148,14 @@ def single(experience, cache_dir):
     return run("cpu", experience, cache_dir, experience.parent / "cpu")
 
 
-@pytest.mark.parametrize("trainer", ["ddp_cpu", "fsdp2_cpu"])
-def test_two_processes_match_one(trainer, experience, single, cache_dir):
+@pytest.mark.parametrize("trainer, extra", [("ddp_cpu", ()), ("fsdp2_cpu", ()),
+                                            ("fsdp2_cpu", ("model.head_chunk_tokens=7",))],
+                         ids=["ddp_cpu", "fsdp2_cpu", "fsdp2_cpu-chunked_head"])
+def test_two_processes_match_one(trainer, extra, experience, single, cache_dir):
+    """Also the chunked LM head under FSDP2 (the head runs inside the sharded root's forward, so its weight is
+    unsharded there and again for the backward) against one process with the model's own logits."""
     one, one_state, one_s = single
-    ranks, state, elapsed = run(trainer, experience, cache_dir, experience.parent / trainer)
+    ranks, state, elapsed = run(trainer, experience, cache_dir, experience.parent / f"{trainer}{len(extra)}", *extra)
     assert len(ranks) == 2 and all(r["world_size"] == 2 for r in ranks)
     assert all(r["sharded"] for r in ranks) == (trainer == "fsdp2_cpu")
     loss_1, loss_2 = mean_over_ranks(one, "loss/total"), mean_over_ranks(ranks, "loss/total")

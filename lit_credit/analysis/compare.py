@@ -303,11 +303,19 @@ def _check_metric(runs: Sequence[Run], metric: str) -> None:
                        "or remove them from the sweep directory")
 
 
+def _first_logged(runs: Sequence[Run], metric: str) -> list[Run]:
+    """For ``metric = "A|B|..."``: each run with ``metric`` standing for the first of the tags it logged (the
+    DPA game's submitted line ``val/final/strict`` against the generator-only proposal ``val/reward/strict``)."""
+    tags = metric.split("|")
+    return [Run(r.path, r.overrides, r.seed, {**r.scalars, metric: next(
+        (r.scalars[t] for t in tags if r.scalars.get(t)), {})}) for r in runs]
+
+
 def compare(runs: Sequence[Run] | str | os.PathLike, baseline: str | Iterable[str] | Mapping[str, str], metric: str,
             step: str | int = "last", control: str | Iterable[str] | Mapping[str, str] | None = None,
             resamples: int = 10_000, seed: int = 0, level: float = 0.95, start: bool = False) -> Comparison:
     """Each arm of ``runs`` (or of the sweep directory) against its baseline on ``metric`` at ``step``,
-    paired by seed (module docstring); with ``start``, each baseline's frozen start too (its runs at the first
+    paired by seed (module docstring; ``metric`` may be ``A|B``: per run the first tag it logged); with ``start``, each baseline's frozen start too (its runs at the first
     step all of them logged, minus the same runs at ``step``). Raises :class:`CompareError`, naming the fix,
     when there are no runs, no baseline arm, a run without the metric or the step, or seeds without a partner
     (or, with ``start``, a baseline whose runs share no step)."""
@@ -317,6 +325,8 @@ def compare(runs: Sequence[Run] | str | os.PathLike, baseline: str | Iterable[st
     base_spec, control_spec = parse_spec(baseline), parse_spec(control)
     if not base_spec:
         raise CompareError("no baseline: name the baseline arm by its overrides, e.g. --baseline credit=grpo")
+    if "|" in metric:
+        runs = _first_logged(runs, metric)
     _check_metric(runs, metric)
     at, note = _resolve_step(runs, metric, step)
     grouped = arms(runs)
@@ -459,14 +469,15 @@ def plot(result: Comparison):
 
 
 def slug(metric: str) -> str:
-    return metric.replace("/", "_").replace("@", "at")
+    return metric.replace("/", "_").replace("@", "at").replace("|", "_or_")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="lit-credit-compare", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", help="the sweep directory (runs with .hydra/overrides.yaml and tensorboard/)")
     parser.add_argument("--baseline", nargs="+", required=True, help="the baseline arm's overrides, e.g. credit=grpo")
-    parser.add_argument("--metric", default="val/reward/mean", help="a logged scalar tag (default val/reward/mean)")
+    parser.add_argument("--metric", default="val/reward/mean", help="a logged scalar tag (default val/reward/mean); "
+                        "A|B: per run the first of these tags it logged")
     parser.add_argument("--step", default="last", help="last (default: the last step every run logged), final "
                                                        "(each run's last value) or a step number")
     parser.add_argument("--control", nargs="+", default=None, help="the frozen control's overrides, e.g. "

@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from lit_credit.checkpoint import capture_rng, restore_rng
+from lit_credit.models.chunked_head import check_chunkable
 from lit_credit.models.logprobs import token_logprobs
 from lit_credit.models.policy import PolicySource, is_peft
 from lit_credit.rollout import Experience
@@ -44,6 +45,9 @@ class PolicyModule(L.LightningModule):
         self.logprob_token_budget = logprob_token_budget  # padding-free micro-batches (models.token_logprobs)
         self._resume_rng: dict[str, Any] | None = None
         self.policy, self.tokenizer = policy.load()
+        self.head_chunk_tokens = policy.head_chunk_tokens  # the chunked LM head (models.chunked_head)
+        if self.head_chunk_tokens is not None:
+            check_chunkable(self.policy.get_base_model() if is_peft(self.policy) else self.policy)
         self.uses_reference = uses_reference
         self.reference = None  # a LoRA policy's reference is itself with adapters disabled
         if self.uses_reference and not is_peft(self.policy):
@@ -114,7 +118,7 @@ class PolicyModule(L.LightningModule):
         """[B, T] log-probs under ``model`` at the batch's sampling temperature and, with ``entropy``, the
         entropy (else None)."""
         return token_logprobs(model, batch.input_ids, batch.attention_mask, self.logprob_token_budget,
-                              entropy=entropy, temperature=batch.temperature)
+                              entropy=entropy, temperature=batch.temperature, head_chunk=self.head_chunk_tokens)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:

@@ -7,14 +7,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lit_credit.models.chunked_head import logprob_head
+
 
 def _forward(
-    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, entropy: bool, temperature: float = 1.0
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, entropy: bool, temperature: float = 1.0,
+    head_chunk: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """With ``z = logits / temperature``: ``logp = z[token] - logsumexp(z)`` (no [B, T, V] log-softmax kept
     for backward) and, with ``entropy``, ``H = logsumexp(z) - sum softmax(z) z`` (the entropy of the tempered
     distribution), a diagnostic computed without a graph. Without gradient or entropy the logits are divided
-    and consumed in place (:func:`picked_logprobs_`)."""
+    and consumed in place (:func:`picked_logprobs_`). With ``head_chunk`` the model's LM head is replaced,
+    for this call, by :func:`~lit_credit.models.chunked_head.logprob_head` (``head_chunk`` tokens at a time,
+    no [B, T, V] tensor at all)."""
+    if head_chunk:
+        with logprob_head(model, input_ids[:, 1:], temperature, head_chunk, entropy):
+            out = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
+        return out[..., 0], out[..., 1] if entropy else None
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     target = input_ids[:, 1:]
     if not (entropy or torch.is_grad_enabled()):
@@ -68,7 +77,7 @@ def length_buckets(attention_mask: Tensor, token_budget: int) -> list[tuple[Tens
 
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
                    token_budget: int | None = None, *, entropy: bool = True,
-                   temperature: float = 1.0) -> tuple[Tensor, Tensor | None]:
+                   temperature: float = 1.0, head_chunk: int | None = None) -> tuple[Tensor, Tensor | None]:
     """``logp[b, t] = log pi(input_ids[b, t] | input_ids[b, :t])`` and, with ``entropy``, the entropy of that
     distribution (a diagnostic: no gradient flows through it; None without ``entropy``). ``pi`` is
     ``softmax(logits / temperature)``, the distribution a batch sampled at that temperature was drawn from,
@@ -81,18 +90,19 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
     run in :func:`length_buckets` micro-batches, each cut to its longest row, so long multi-turn rollouts
     next to short ones do not pay for padding; the results equal the padded pass up to float rounding.
     Without gradient and entropy (reference and old-policy log-probs) no [B, T, V] temporary is made beyond
-    the model's logits.
+    the model's logits; with ``head_chunk`` (tokens per LM-head chunk) not even those, with or without
+    gradient (:mod:`lit_credit.models.chunked_head`).
     """
     if not temperature > 0:
         raise ValueError(f"token_logprobs: temperature={temperature!r} must be > 0 (a batch's "
                          "RolloutBatch.temperature, the data.sampling.temperature it was sampled at; 1.0 for "
                          "greedy batches)")
     if token_budget is None:
-        return _forward(model, input_ids, attention_mask, entropy, temperature)
+        return _forward(model, input_ids, attention_mask, entropy, temperature, head_chunk)
     width = input_ids.shape[1]
     parts, rows = [], []
     for index, w in length_buckets(attention_mask, token_budget):
-        outputs = _forward(model, input_ids[index, :w], attention_mask[index, :w], entropy, temperature)
+        outputs = _forward(model, input_ids[index, :w], attention_mask[index, :w], entropy, temperature, head_chunk)
         parts.append(torch.stack([F.pad(x, (0, width - w)) for x in outputs if x is not None]))
         rows.append(index)
     inverse = torch.cat(rows).argsort()

@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lit_credit.models.embedded import EmbeddedPolicy
+from lit_credit.models.smollm2 import SmolLM2
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -34,18 +35,28 @@ class PolicySource:
     ``lora`` (a ``peft.LoraConfig``, e.g. ``model/lora=r8``): the model is wrapped with one trainable LoRA
     adapter named :data:`ADAPTER` and the base weights frozen; the reference policy is then the base with
     adapters disabled (no copy). Methods with more roles add adapters beside it (DPA-GRPO's verifier).
+
+    ``embedded`` is any policy built once into a cache directory (``path``, ``built``, ``build()``): the
+    embedded tiny policy (:class:`EmbeddedPolicy`) or SmolLM2 converted from its GGUF
+    (:class:`~lit_credit.models.smollm2.SmolLM2`, ``model=smollm2``). ``head_chunk_tokens``: the trainer's
+    log-probs come from the chunked LM head, that many tokens at a time (:mod:`~lit_credit.models.chunked_head`:
+    no [B, T, V] logits); None: the model's own logits.
     """
 
     ADAPTER = "generator"
 
-    def __init__(self, path: str | None = None, embedded: EmbeddedPolicy | None = None, dtype: str = "float32",
-                 lora: Any = None) -> None:
+    def __init__(self, path: str | None = None, embedded: EmbeddedPolicy | SmolLM2 | None = None, dtype: str = "float32",
+                 lora: Any = None, head_chunk_tokens: int | None = None) -> None:
         if path is None and embedded is None:
             raise ValueError("model.path is null and model.embedded is null: give a local HF model directory "
                              "as model.path=/dir, or keep the default embedded policy")
         if dtype not in _DTYPES:
             raise ValueError(f"model.dtype={dtype!r}: use one of {sorted(_DTYPES)}")
+        if head_chunk_tokens is not None and head_chunk_tokens < 1:
+            raise ValueError(f"model.head_chunk_tokens={head_chunk_tokens}: tokens per LM-head chunk, >= 1 (null: "
+                             "the model's own [B, T, V] logits)")
         self.path, self.embedded, self.dtype, self.lora = path, embedded, dtype, lora
+        self.head_chunk_tokens = head_chunk_tokens
 
     def prepare(self) -> str:
         """The directory :meth:`load` reads, built first if it is the embedded policy's and not cached yet

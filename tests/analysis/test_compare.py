@@ -207,6 +207,19 @@ def test_the_frozen_start_is_read_at_the_baselines_own_first_step():
         compare(uneven, "credit=grpo", "val/acc", step="final", start=True)
 
 
+def test_a_metric_alternative_reads_each_runs_first_logged_tag():
+    """``val/final|val/acc``: the DPA arm logged val/final (0.75, 1.0) and val/acc (0.5, 0.5); the baseline only
+    val/acc (0.5, 0.75). The arm reads val/final: d = 0.75 - 0.5, 1.0 - 0.75 = 0.25 both; with val/acc alone
+    d = 0, -0.25."""
+    base = [run({"method": "grpo"}, s, {10: v}) for s, v in (("0", 0.5), ("1", 0.75))]
+    arm = [Run(Path(f"/sweep/dpa-{s}"), {"method": "dpa"}, s, {"val/final": {10: f}, "val/acc": {10: 0.5}})
+           for s, f in (("0", 0.75), ("1", 1.0))]
+    either = compare(base + arm, "method=grpo", "val/final|val/acc").rows[1]
+    assert (either.difference, either.low, either.high) == (0.25, 0.25, 0.25)
+    assert compare(base + arm, "method=grpo", "val/acc").rows[1].difference == -0.125
+    with pytest.raises(CompareError, match=r"did not log val/final\|val/nothing"):
+        compare(base + arm, "method=grpo", "val/final|val/nothing")
+
 def test_step_choices(sweep):
     lr0 = "method.optimizer.lr=0"
     assert compare(sweep, "credit=grpo", "val/acc", step=0, control=lr0).rows[1].difference == 0.0  # all 0.25
