@@ -29,7 +29,7 @@ from lit_credit.types import Completion
 from tests.tasks.dpa_script import script as game_script
 
 SMALL = ["experiment=dpa_form", "model.embedded.sft_steps=0", "task.num_train=1", "task.num_test=2",
-         "task.lines=[1a,15]", "data.prompts_per_step=2", "data.sampling.n=2", "trainer.max_steps=1",
+         "task.lines=[1a,15]", "task.rl_lines=null", "data.val_samples=0", "data.prompts_per_step=2", "data.sampling.n=2", "trainer.max_steps=1",
          "+trainer.limit_val_batches=0", "validate_first=false", "logger=csv", "method.optimizer.lr=0.05"]
 
 

@@ -355,7 +355,7 @@ def test_dpa_run_pushes_the_sampling_roles_adapter(make_cfg):
     from lit_credit.tasks.form import role_prompt
 
     cfg = make_cfg("experiment=dpa_form", "rollout=vllm", "task.num_train=4", "task.num_test=2",
-                   "task.lines=[1a,15]", "trainer.max_steps=4", "trainer.val_check_interval=1", "data.val_prompts=4",
+                   "task.lines=[1a,15]", "task.rl_lines=null", "data.val_samples=0", "trainer.max_steps=4", "trainer.val_check_interval=1", "data.val_prompts=4",
                    "data.prompts_per_step=2", "method.optimizer.lr=5e-2", "method.lr_scheduler=null",
                    *(f"model.embedded.{k}={v}" for k, v in RECIPE.items()),
                    "rollout.max_model_len=1024", "rollout.kv_cache_memory_bytes=33554432", fast_model=False,
