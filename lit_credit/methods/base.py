@@ -47,7 +47,7 @@ class PolicyModule(L.LightningModule):
         self.policy, self.tokenizer = policy.load()
         self.head_chunk_tokens = policy.head_chunk_tokens  # the chunked LM head (models.chunked_head)
         if self.head_chunk_tokens is not None:
-            check_chunkable(self.policy.get_base_model() if is_peft(self.policy) else self.policy)
+            check_chunkable(self.policy)
         self.uses_reference = uses_reference
         self.reference = None  # a LoRA policy's reference is itself with adapters disabled
         if self.uses_reference and not is_peft(self.policy):

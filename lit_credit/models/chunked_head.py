@@ -15,11 +15,11 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-# Config attributes of models whose logits are transformed after the LM head. The head computes the raw
-# ``h W^T + b`` only, so these are refused by name rather than silently given wrong log-probs.
-TRANSFORMED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
-_IDENTITY = {"final_logit_softcapping": None, "logit_scale": 1.0, "logits_scaling": 1.0,
-             "output_multiplier_scale": 1.0}
+# Config attributes of models whose logits are transformed after the LM head, with the value that leaves them
+# as they are. The head computes the raw ``h W^T + b`` only, so any other value is refused by name rather than
+# silently given wrong log-probs.
+TRANSFORMED_LOGITS = {"final_logit_softcapping": None, "logit_scale": 1.0, "logits_scaling": 1.0,
+                      "output_multiplier_scale": 1.0}
 
 
 class ChunkedLogprob(torch.autograd.Function):
@@ -104,14 +104,19 @@ class LogprobHead(nn.Module):
         return nn.functional.pad(out, (0, 0, 1, 0))
 
 
+def _base(model: nn.Module) -> nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model's own model
+
+
 def check_chunkable(model: nn.Module) -> nn.Module:
-    """The output-embedding module of ``model`` after checking that the chunked head computes its logits:
-    a plain weight (and bias) and no logit transform after it (:data:`TRANSFORMED_LOGITS`). Raises naming
-    the attribute and the fix otherwise."""
+    """The output-embedding module of ``model`` (a PEFT model: of its base model) after checking that the
+    chunked head computes its logits: a plain weight (and bias) and no logit transform after it
+    (:data:`TRANSFORMED_LOGITS`). Raises naming the attribute and the fix otherwise."""
+    model = _base(model)
     config = getattr(model, "config", None)
-    for name in TRANSFORMED_LOGITS:
-        value = getattr(config, name, _IDENTITY[name])
-        if value != _IDENTITY[name]:
+    for name, identity in TRANSFORMED_LOGITS.items():
+        value = getattr(config, name, identity)
+        if value != identity:
             raise ValueError(f"model.head_chunk_tokens: {type(model).__name__} transforms its logits after the LM "
                              f"head (config.{name}={value!r}), which the chunked head does not reproduce; fix: "
                              "model.head_chunk_tokens=null (the model's own logits)")
@@ -135,9 +140,8 @@ def _owner(model: nn.Module, head: nn.Module) -> tuple[nn.Module, str]:
 def logprob_head(model: nn.Module, targets: Tensor, tau: float, chunk: int, entropy: bool):
     """Within the block, ``model(...).logits`` is ``[B, T, 2]`` (log-prob of ``targets``, entropy) from
     :class:`LogprobHead` instead of ``[B, T, V]``. ``model`` may be a PEFT model (its base model's head)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    head = check_chunkable(base)
-    owner, name = _owner(base, head)
+    head = check_chunkable(model)
+    owner, name = _owner(_base(model), head)
     setattr(owner, name, LogprobHead(head, targets, tau, chunk, entropy))
     try:
         yield

