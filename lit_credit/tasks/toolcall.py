@@ -529,7 +529,8 @@ class ToolCallTask(Task):
     """Tool calling with a gold call plan per prompt (SLCA-GRPO, docs/methods.md §1).
 
     Synthetic mode (default): questions from the templates of :mod:`~lit_credit.tasks.tool_catalog`, values
-    from its small vocabularies; subsets ``single`` (one call), ``parallel`` (one step, two calls in one
+    from its small vocabularies (``values_per_slot=k``: each vocabulary's first k values only, so a policy
+    that cannot yet copy a value from the question still guesses it right 1 time in k); subsets ``single`` (one call), ``parallel`` (one step, two calls in one
     block), ``multi`` (two sequential steps; some second steps use the first result, computed with the
     programmatic simulator), ``irrelevant`` (gold ``[]``; the ideal reply answers directly), ``chain`` (two or
     three steps, each later call copying a value of the previous response). ``subsets``:
@@ -539,7 +540,9 @@ class ToolCallTask(Task):
     ``max(1, max_distractors)`` random tools), shuffled. An instance is a (template, values) key; the test
     split is the first ``num_test`` distinct keys of a seeded draw per subset and train the next
     ``num_train``, so the splits are disjoint, the test split does not depend on ``num_train``, and
-    everything is a function of ``seed``. Demonstrations skip test keys.
+    everything is a function of ``seed``. Demonstrations skip test keys, and with ``disjoint_demonstrations``
+    the train keys too: the RL prompts are then as new to an SFT start as the held-out ones (with a small
+    ``values_per_slot`` an SFT start otherwise memorises the train questions and RL has nothing left there).
 
     Parquet mode (``parquet_path``): rows from :func:`load_toucan_parquet`; an explicit ``subsets`` keeps
     the rows whose ``subset`` is named (weights ignored). The test split is ``test_parquet_path`` if given,
@@ -556,11 +559,15 @@ class ToolCallTask(Task):
     def __init__(self, num_train: int | None = 1000, num_test: int = 100, subsets: Any = None,
                  max_distractors: int = 2, seed: int = 0, parquet_path: Any = None,
                  test_parquet_path: Any = None, max_turns: int = 10, max_response_chars: int = 300,
-                 simulator: ToolBackend | None = None, debris_ends_episode: bool = True) -> None:
+                 simulator: ToolBackend | None = None, debris_ends_episode: bool = True,
+                 values_per_slot: int | None = None, disjoint_demonstrations: bool = False) -> None:
         if max_distractors < 0:
             raise ValueError(f"task.max_distractors={max_distractors}: must be >= 0")
         if num_test < 0 or (num_train is not None and num_train < 0):
             raise ValueError(f"task.num_train={num_train}, task.num_test={num_test}: must be >= 0")
+        if values_per_slot is not None and values_per_slot < 2:
+            raise ValueError(f"task.values_per_slot={values_per_slot}: must be >= 2 (a question may need two "
+                             "distinct values of one vocabulary) or null for every value")
         if parquet_path is None and num_train is None:
             raise ValueError("task.num_train=None is only allowed with task.parquet_path (all rows)")
         self.parquet_mode = parquet_path is not None
@@ -573,18 +580,20 @@ class ToolCallTask(Task):
         self.num_train, self.num_test, self.max_distractors, self.seed = num_train, num_test, max_distractors, seed
         self.max_turns, self.max_response_chars = max_turns, max_response_chars
         self.debris_ends_episode = bool(debris_ends_episode)
+        self.values_per_slot = values_per_slot
+        self.disjoint_demonstrations = bool(disjoint_demonstrations)
         self.catalog_version = CATALOG_VERSION
         self.simulator = simulator if simulator is not None else ToolSimulator()
         self._gold_sim = ToolSimulator()  # gold plans always come from the deterministic simulator
         self._splits: dict[str, datasets.Dataset] = {}
-        self._test_keys: set[Key] = set()
+        self._unseen_keys: set[Key] = set()  # keys no demonstration may use
 
     # ------------------------------------------------------------------ synthetic instances
     def _draws(self, subset: str, rng: random.Random) -> Iterator[Key]:
         templates = [t for t in TEMPLATES if t.subset == subset]
         while True:
             t = rng.choice(templates)
-            values = tuple(rng.choice(VOCAB[vocab]) for _, vocab in t.slots)
+            values = tuple(rng.choice(VOCAB[vocab][: self.values_per_slot]) for _, vocab in t.slots)
             if t.valid(values):
                 yield t.id, values
 
@@ -662,7 +671,7 @@ class ToolCallTask(Task):
                 self._splits = self._parquet_splits()
             else:
                 keys = self._synthetic_splits()
-                self._test_keys = set(keys["test"])
+                self._unseen_keys = set(keys["test"]) | (set(keys["train"]) if self.disjoint_demonstrations else set())
                 self._splits = {s: datasets.Dataset.from_list([self.synthetic_row(k) for k in ks])
                                 for s, ks in keys.items()}
         return self._splits[split]
@@ -692,7 +701,7 @@ class ToolCallTask(Task):
         made = 0
         while made < num:
             key = next(draws[rng.choices(names, weights)[0]])
-            if key in self._test_keys:
+            if key in self._unseen_keys:
                 continue
             t, v = self._template_values(key)
             row = self.synthetic_row(key)

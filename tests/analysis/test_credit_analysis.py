@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 
 import nbformat
 import pytest
 import yaml
-from nbclient import NotebookClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lit_credit.analysis import plots
 from lit_credit.analysis.load import load_records
 from lit_credit.train import build
 from scripts.tb_scalars import scalars
+from tests.analysis.notebook import NOTEBOOK, run_notebook
 from tests.conftest import FAST_MODEL, FAST_TASK, compose_train
 from tests.methods.test_dpa_module import SMALL as DPA_SMALL
 from tests.methods.test_dpa_module import ScriptedEngine
@@ -25,7 +24,6 @@ from tests.methods.test_slca_module import ScriptedToolEngine
 from tests.methods.test_tcpo_module import MATH_SMALL
 from tests.test_configs import TOOLCALL_SMALL
 
-NOTEBOOK = os.path.join(os.path.dirname(__file__), "..", "..", "notebooks", "credit_analysis.ipynb")
 RECORDS = ["callbacks.credit_records.every_n_steps=1", "~callbacks.checkpoint", "~callbacks.hf_export",
            "validate_first=false", "+trainer.limit_val_batches=0"]
 TOOL = ["experiment=slca_tcpo_toolcall", *TOOLCALL_SMALL, "reward.judge.noise=0.5", "data.prompts_per_step=2",
@@ -113,16 +111,7 @@ def test_report_command_writes_plots_and_summary(sweep, tmp_path):
 def test_notebook_runs_on_the_sweep_and_is_stored_without_outputs(sweep):
     stored = nbformat.read(NOTEBOOK, as_version=4)
     assert all(not c.get("outputs") and not c.get("execution_count") for c in stored.cells if c.cell_type == "code")
-    env = {"LIT_CREDIT_SWEEP": str(sweep), "LIT_CREDIT_BY": "credit"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        NotebookClient(stored, timeout=300, kernel_name="python3",
-                       resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}}).execute()
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-    outputs = [o for c in stored.cells if c.cell_type == "code" for o in c.outputs]
+    outputs = run_notebook({"LIT_CREDIT_SWEEP": str(sweep), "LIT_CREDIT_BY": "credit"})
     assert not [o for o in outputs if o.output_type == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 4  # tool credit by method, by segment, by turn (+ type), DPA cases

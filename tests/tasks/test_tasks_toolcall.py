@@ -12,7 +12,7 @@ import pytest
 
 from lit_credit.rewards.hierr import HierRReward, normalize_gold_calls, tool_process_score
 from lit_credit.rewards.judges import RubricJudge, SummaryJudge
-from lit_credit.tasks.tool_catalog import HANDLERS, SCHEMAS, SUBSETS, TEMPLATES, call_hash, fact
+from lit_credit.tasks.tool_catalog import HANDLERS, SCHEMAS, SUBSETS, TEMPLATES, VOCAB, call_hash, fact
 from lit_credit.tasks.toolcall import (
     DEFAULT_SUBSETS,
     TRUNCATED,
@@ -72,11 +72,47 @@ def test_subsets_come_in_the_requested_proportions():
 @pytest.mark.parametrize("kwargs, key", [({"subsets": ["single", "chitchat"]}, "task.subsets"),
                                          ({"subsets": {"single": -1}}, "task.subsets"),
                                          ({"max_distractors": -1}, "task.max_distractors"),
+                                         ({"values_per_slot": 1}, "task.values_per_slot"),
                                          ({"num_train": None}, "task.num_train"),
                                          ({"num_train": 5000, "subsets": "irrelevant"}, "task.num_train")])
 def test_bad_configuration_names_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         ToolCallTask(**kwargs).dataset("train")
+
+
+def test_values_per_slot_draws_each_slot_from_its_vocabulary_head():
+    """values_per_slot=4: every slot value of every question (splits and demonstrations) is among its
+    vocabulary's first 4, and the gold calls carry them; the 15 single templates then hold 275 distinct
+    questions (e.g. weather: 4 cities x 4 dates = 16; convert: 4 amounts x 4 x 3 ordered currency pairs = 48)."""
+    task = ToolCallTask(num_train=200, num_test=60, subsets="single", values_per_slot=4)
+    by_id = {t.id: t for t in TEMPLATES}
+    rows = task.dataset("train").to_list() + task.dataset("test").to_list()
+    for row in rows:
+        template_id, values = row["id"].split(":", 1)
+        for (_, vocab), value in zip(by_id[template_id].slots, values.split("|")):
+            assert value in {str(v) for v in VOCAB[vocab][:4]}, (row["id"], vocab)
+    assert len({r["id"] for r in rows}) == 260
+    cities = {c["arguments"]["city"] for r in rows for step in normalize_gold_calls(r["gold_tool_calls"]) for c in step
+              if "city" in c["arguments"]}
+    assert cities == set(VOCAB["city"][:4])
+    demo_cities = {m["content"] for d in task.demonstrations(200, seed=1) for m in d["messages"][:1]}
+    assert not any(c in q for q in demo_cities for c in VOCAB["city"][4:])
+    with pytest.raises(ValueError, match="ran out of distinct questions after 275"):
+        ToolCallTask(num_train=300, num_test=60, subsets="single", values_per_slot=4).dataset("train")
+
+
+def test_disjoint_demonstrations_skip_the_train_questions_too():
+    """By default demonstrations skip only the held-out questions, so with 4 values per slot (275 questions)
+    most train questions are demonstrated; disjoint_demonstrations=true skips the train questions as well."""
+    def demo_questions(task):
+        return {d["messages"][0]["content"] for d in task.demonstrations(400, seed=0)}
+
+    kwargs = dict(num_train=100, num_test=60, subsets="single", values_per_slot=4)
+    plain, disjoint = ToolCallTask(**kwargs), ToolCallTask(**kwargs, disjoint_demonstrations=True)
+    train, test = set(plain.dataset("train")["question"]), set(plain.dataset("test")["question"])
+    assert set(disjoint.dataset("train")["question"]) == train  # the splits are the same
+    assert len(demo_questions(plain) & train) > 50 and not demo_questions(plain) & test
+    assert not demo_questions(disjoint) & (train | test)
 
 
 def test_splits_are_deterministic_disjoint_and_well_typed(task):
