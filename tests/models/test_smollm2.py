@@ -180,6 +180,19 @@ def test_sampled_turns_keep_their_ids_and_end_of_turn(smollm2, tool_conversation
         assert text.count("<|im_start|>system") == 1
 
 
+def engine_gaps(engine, policy, prompts: list[list[int]], sampling) -> torch.Tensor:
+    """Per-token |engine - trainer| log-prob gaps of fresh samples; the trainer's side is ``token_logprobs``
+    of prompt + completion through the chunked head."""
+    diffs = []
+    for p, per in zip(prompts, engine.generate(prompts, sampling)):
+        for c in per:
+            ids = torch.tensor([p + c.token_ids])
+            with torch.no_grad():
+                logp, _ = token_logprobs(policy, ids, torch.ones_like(ids), head_chunk=64)
+            diffs.append((logp[0, len(p):] - torch.tensor(c.logprobs)).abs())
+    return torch.cat(diffs)
+
+
 # ------------------------------------------------------------------------------------------------ log-probs, reference
 def test_hf_engine_logprobs_equal_the_trainers_with_and_without_lora(smollm2):
     """Sampled at T = 1 by the HF engine (KV cache), each token's behaviour log-prob equals the trainer's full
@@ -199,15 +212,7 @@ def test_hf_engine_logprobs_equal_the_trainers_with_and_without_lora(smollm2):
         engine = HFEngine()
         engine.bind(policy, tok)
         torch.manual_seed(1)
-        out = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=24))
-        diffs = []
-        for p, per in zip(prompts, out):
-            for c in per:
-                ids = torch.tensor([p + c.token_ids])
-                with torch.no_grad():
-                    logp, _ = token_logprobs(policy, ids, torch.ones_like(ids), head_chunk=64)
-                diffs.append((logp[0, len(p):] - torch.tensor(c.logprobs)).abs())
-        diffs = torch.cat(diffs)
+        diffs = engine_gaps(engine, policy, prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=24))
         gaps[name] = (diffs.max().item(), diffs.mean().item())
     print("HF engine vs trainer, |log-prob gap| max / mean per token: "
           + ", ".join(f"{k} {m:.1e} / {a:.1e}" for k, (m, a) in gaps.items()))
@@ -264,14 +269,7 @@ def test_vllm_cpu_logprobs_equal_the_trainers_after_a_push_with_and_without_lora
 
     def gap(policy) -> float:
         """The largest per-token |engine - trainer| log-prob gap of fresh samples (their mean kept in ``means``)."""
-        diffs = []
-        for p, per in zip(prompts, engine.generate(prompts, sampling)):
-            for c in per:
-                ids = torch.tensor([p + c.token_ids])
-                with torch.no_grad():
-                    logp, _ = token_logprobs(policy, ids, torch.ones_like(ids), head_chunk=64)
-                diffs.append((logp[0, len(p):] - torch.tensor(c.logprobs)).abs())
-        diffs = torch.cat(diffs)
+        diffs = engine_gaps(engine, policy, prompts, sampling)
         means[len(means)] = diffs.mean().item()
         return diffs.max().item()
 
