@@ -15,9 +15,9 @@ FSDP setting (the HF engine samples from the model's own logits, so the chunked 
 - MFU (:func:`mfu`); peak memory per phase (``torch.cuda.max_memory_allocated``, reset before each phase; on
   CPU the process's peak RSS, never reset); the chunked head's log-probs against the full head's on one batch.
 
-Imports torch, transformers and three lit_credit modules only (the log-probs with the chunked head, the HF
-engine, the loss): lit_credit.models and lit_credit.rollout are registered as bare packages first
-(:func:`import_project`), since their ``__init__`` pulls in lit_credit.tasks (datasets, math_verify), which
+Imports torch, transformers and, of lit_credit, only the log-probs with the chunked head, the HF engine and
+the losses (with what they import: lit_credit.types, lit_credit.interfaces): lit_credit.models and
+lit_credit.rollout are registered as bare packages first (:func:`import_project`), since their ``__init__`` pulls in lit_credit.tasks (datasets, math_verify), which
 the GPU machine lacks; hydra, omegaconf, lightning and vllm are never imported. ``--cpu``: the same code on
 CPU with a tiny config of the architecture, float32, FSDP2 over gloo. Exits non-zero unless every figure is
 finite and positive (and, in float32, the chunked head matches the full head to 1e-4). Writes
@@ -245,7 +245,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cpu", action="store_true", help="dry run on CPU: tiny config, float32, FSDP2 over gloo")
     p.add_argument("--out", help="output directory (default: $OUT, else outputs/gpu_check/<timestamp>)")
     p.add_argument("--steps", type=int, help="timed steps per case, after one warm-up (GPU 3, CPU 2)")
-    p.add_argument("--rollouts", type=int, help="rollouts (GPU 64, CPU 8), in groups of 8 (CPU 4) per prompt")
+    p.add_argument("--rollouts", type=int, help="rollouts (GPU 64, CPU 8), in groups of --group per prompt")
+    p.add_argument("--group", type=int, help="rollouts per prompt, a GRPO group (GPU 8, CPU 4)")
     p.add_argument("--prompt-len", type=int, help="prompt tokens per rollout (GPU 256, CPU 16)")
     p.add_argument("--new-tokens", type=int, help="generated tokens per rollout, fixed (GPU 256, CPU 16)")
     p.add_argument("--micro-rows", type=int, help="rows per backward pass (micro-batch) (GPU 32, CPU 4)")
@@ -265,8 +266,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.peak_flops <= 0:
         p.error(f"--peak-flops {args.peak_flops} must be > 0 (FLOP/s, e.g. 989e12 for an H200 in bf16)")
     if args.rollouts % args.group:
-        p.error(f"--rollouts {args.rollouts} must be a multiple of the group size {args.group} (rollouts per "
-                "prompt)")
+        p.error(f"--rollouts {args.rollouts} must be a multiple of --group {args.group} (rollouts per prompt)")
     if args.rollouts % args.micro_rows:
         p.error(f"--micro-rows {args.micro_rows} must divide --rollouts {args.rollouts} (equal "
                 "micro-batches; fix: change either)")
@@ -374,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:  # after every case: a crash or a time-out later still leaves the figures so far
         report["wall_s"] = time.perf_counter() - START
-        (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
+        tmp = out / "gpu_check.json.tmp"  # written whole, then renamed: a kill mid-write keeps the last copy
+        tmp.write_text(json.dumps(report, indent=2))
+        os.replace(tmp, out / "gpu_check.json")
 
     for mode in MODES:
         if mode == "fsdp2":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lit_credit.tasks.tool_catalog import TOOLS_INSTRUCTION, tool_signature
+from lit_credit.tasks.tool_catalog import SCHEMAS, TOOLS_INSTRUCTION, tool_signature
 
 _SENTINEL = "\x00reply\x00"  # an assistant content no template writes itself, to find where a reply ends
 
@@ -40,7 +40,8 @@ class ChatCodec:
         self.tokenizer, self.max_feedback_tokens = tokenizer, max_feedback_tokens
         self.eos_id: int = tokenizer.eos_token_id
         self.pad_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.template_has_tools = "tools" in (tokenizer.chat_template or "")
+        probe = [{"role": "user", "content": "u"}]  # a template has tool support iff ``tools`` change its output
+        self.template_has_tools = self._render(probe, tools=[next(iter(SCHEMAS.values()))]) != self._render(probe)
         self._base = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
                       {"role": "assistant", "content": _SENTINEL}]
         head = self._render(self._base)

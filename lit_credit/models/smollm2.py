@@ -48,7 +48,8 @@ class SmolLM2(CachedPolicy):
         unknown = sorted(set(tiny_recipe) - known)
         if unknown:
             raise TypeError(f"model.embedded: SmolLM2 takes only cache_dir; {unknown} are not recipe keys of the "
-                            "embedded policy either (a typo?)")
+                            "embedded policy either (a typo?): remove "
+                            + ", ".join(f"model.embedded.{k}" for k in unknown))
         if tiny_recipe:
             log.warning("model=smollm2 ignores the embedded tiny policy's recipe the experiment sets: %s",
                         ", ".join(f"model.embedded.{k}" for k in sorted(tiny_recipe)))

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import random
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -565,9 +567,10 @@ class ToolCallTask(Task):
             raise ValueError(f"task.max_distractors={max_distractors}: must be >= 0")
         if num_test < 0 or (num_train is not None and num_train < 0):
             raise ValueError(f"task.num_train={num_train}, task.num_test={num_test}: must be >= 0")
-        if values_per_slot is not None and values_per_slot < 2:
-            raise ValueError(f"task.values_per_slot={values_per_slot}: must be >= 2 (a question may need two "
-                             "distinct values of one vocabulary) or null for every value")
+        if values_per_slot is not None and (isinstance(values_per_slot, bool) or not isinstance(values_per_slot, int)
+                                            or values_per_slot < 1):
+            raise ValueError(f"task.values_per_slot={values_per_slot!r}: must be a positive integer or null for "
+                             "every value")
         if parquet_path is None and num_train is None:
             raise ValueError("task.num_train=None is only allowed with task.parquet_path (all rows)")
         self.parquet_mode = parquet_path is not None
@@ -587,6 +590,13 @@ class ToolCallTask(Task):
         self._gold_sim = ToolSimulator()  # gold plans always come from the deterministic simulator
         self._splits: dict[str, datasets.Dataset] = {}
         self._unseen_keys: set[Key] = set()  # keys no demonstration may use
+        if values_per_slot is not None and self.weights is not None:
+            for t in (t for t in TEMPLATES if t.subset in self.weights):
+                vocab, need = Counter(v for _, v in t.slots).most_common(1)[0] if t.slots else ("", 0)
+                if need > values_per_slot:
+                    raise ValueError(f"task.values_per_slot={values_per_slot}: the {t.id!r} template of the "
+                                     f"{t.subset!r} subset needs {need} distinct {vocab} values; use >= {need}, "
+                                     "null for every value, or leave the subset out of task.subsets")
 
     # ------------------------------------------------------------------ synthetic instances
     def _draws(self, subset: str, rng: random.Random) -> Iterator[Key]:
@@ -597,18 +607,25 @@ class ToolCallTask(Task):
             if t.valid(values):
                 yield t.id, values
 
+    def num_questions(self, subset: str) -> int:
+        """The distinct (template, values) questions of a synthetic subset: per template, the product over
+        its vocabularies of P(n, k) = n! / (n - k)!, with n the vocabulary's size (at most ``values_per_slot``)
+        and k the template's slots of that vocabulary (which take distinct values)."""
+        return sum(math.prod(math.perm(len(VOCAB[v][: self.values_per_slot]), k)
+                             for v, k in Counter(v for _, v in t.slots).items())
+                   for t in TEMPLATES if t.subset == subset)
+
     def _distinct(self, subset: str, rng: random.Random, count: int) -> list[Key]:
+        """The first ``count`` distinct keys of the seeded draw (terminates: every key has a positive chance)."""
+        available = self.num_questions(subset)
+        if count > available:
+            raise ValueError(f"task.num_train + task.num_test: the {subset!r} subset is asked for {count} distinct "
+                             f"questions and has {available} (task.values_per_slot={self.values_per_slot}); lower "
+                             "the counts or the subset's weight in task.subsets, or raise task.values_per_slot")
         seen: dict[Key, None] = {}
-        misses, patience = 0, 1000 + 10 * count
         for key in self._draws(subset, rng):
             if len(seen) >= count:
                 break
-            if key in seen:
-                misses += 1
-                if misses > patience:
-                    raise ValueError(f"task.num_train + task.num_test: the {subset!r} subset ran out of distinct "
-                                     f"questions after {len(seen)}; lower the counts or its weight")
-                continue
             seen[key] = None
         return list(seen)
 
@@ -695,6 +712,14 @@ class ToolCallTask(Task):
                 yield row, gold_conversation(row, self._gold_sim, self.max_response_chars)
             return
         assert self.weights is not None
+        unseen = Counter(TEMPLATES_BY_ID[k[0]].subset for k in self._unseen_keys)
+        for subset, weight in self.weights.items():
+            if weight > 0 and unseen[subset] >= self.num_questions(subset):
+                raise ValueError(
+                    f"demonstrations: every question of the {subset!r} subset is in the test split"
+                    f"{' or the train split (task.disjoint_demonstrations=true)' if self.disjoint_demonstrations else ''}"
+                    ", so none is left to demonstrate; lower task.num_train or task.num_test, raise "
+                    "task.values_per_slot, or set task.disjoint_demonstrations=false")
         rng = random.Random(f"demo:{self.seed}:{seed}")
         draws = {s: self._draws(s, random.Random(f"demo:{self.seed}:{seed}:{s}")) for s in self.weights}
         names, weights = list(self.weights), list(self.weights.values())

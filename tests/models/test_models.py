@@ -10,8 +10,10 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from lit_credit.models import EmbeddedPolicy, PolicySource, build_tokenizer, token_logprobs
+from lit_credit.models.chat import with_tools
 from lit_credit.models.logprobs import length_buckets, picked_logprobs_
 from lit_credit.models.sft import encode_demonstration
+from lit_credit.models.smollm2 import SmolLM2
 from lit_credit.rollout import ChatCodec
 from lit_credit.tasks import ArithTask
 from lit_credit.tasks.tool_catalog import TOOLS_INSTRUCTION, tool_signature
@@ -64,6 +66,40 @@ def test_chat_template_lists_tools_as_the_signatures_the_corpus_teaches():
     text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tools=[weather, bare], tokenize=False)
     assert text == ("<|im_start|>system\n<tools>\nget_weather(city: string, days: integer) - Weather on a date.\n"
                     f"ping()\n</tools>\n{TOOLS_INSTRUCTION}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
+
+
+# A plain ChatML template that ignores ``tools`` (as SmolLM2's does) and renders tool turns as ``tool`` turns.
+PLAIN_CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_tools_reach_a_template_without_tool_support_through_the_system_message():
+    """One tool protocol, two routes: the embedded template writes the tools itself, and the same tokenizer
+    with PLAIN_CHATML gets them through ``with_tools`` as its system message; the prompts are the same ids
+    (the embedded template's tool block is ``<|im_start|>system\n`` + ``tools_text`` + ``<|im_end|>\n``).
+    On the plain template a conversation built piece by piece (prompt, reply, tool turn) equals its
+    rendering of the whole conversation with the tools in the system message."""
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather on a date.",
+                                                "parameters": {"type": "object", "properties": {
+                                                    "city": {"type": "string"}}}}}
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    embedded_tok = build_tokenizer(CORPUS, 300)
+    plain_tok = build_tokenizer(CORPUS, 300)
+    plain_tok.chat_template = PLAIN_CHATML
+    embedded, plain = ChatCodec(embedded_tok), ChatCodec(plain_tok)
+    assert embedded.template_has_tools and not plain.template_has_tools
+    assert plain.prompt_ids(messages, [weather]) == embedded.prompt_ids(messages, [weather])
+    reply, tool = "<tool_call>{\"name\": \"get_weather\"}</tool_call>", {"role": "tool", "content": "sunny"}
+    pieces = plain.prompt_ids(messages, [weather]) + plain.reply_ids(reply) + plain.feedback_ids([tool])
+    whole = plain_tok.apply_chat_template(with_tools([*messages, {"role": "assistant", "content": reply}, tool],
+                                                     [weather]), tokenize=False, add_generation_prompt=True)
+    assert pieces == plain_tok(whole, add_special_tokens=False)["input_ids"]
+
+
+def test_smollm2_refuses_unknown_keys_by_name(tmp_path):
+    """Recipe keys of the embedded policy are ignored with a warning; anything else is an error naming it."""
+    with pytest.raises(TypeError, match=r"remove model\.embedded\.vocab_sise"):
+        SmolLM2(str(tmp_path), vocab_sise=1024)
 
 
 def test_embedded_policy_builds_once_and_reloads_with_from_pretrained(tmp_path):

@@ -82,8 +82,9 @@ def test_bad_configuration_names_the_key(kwargs, key):
 
 def test_values_per_slot_draws_each_slot_from_its_vocabulary_head():
     """values_per_slot=4: every slot value of every question (splits and demonstrations) is among its
-    vocabulary's first 4, and the gold calls carry them; the 15 single templates then hold 275 distinct
-    questions (e.g. weather: 4 cities x 4 dates = 16; convert: 4 amounts x 4 x 3 ordered currency pairs = 48)."""
+    vocabulary's first 4, and the gold calls carry them; the 17 single templates then hold 276 distinct
+    questions (e.g. weather: 4 cities x 4 dates = 16; convert: 4 amounts x 4 x 3 ordered currency pairs = 48),
+    and asking for more names both counts before drawing anything."""
     task = ToolCallTask(num_train=200, num_test=60, subsets="single", values_per_slot=4)
     by_id = {t.id: t for t in TEMPLATES}
     rows = task.dataset("train").to_list() + task.dataset("test").to_list()
@@ -95,10 +96,43 @@ def test_values_per_slot_draws_each_slot_from_its_vocabulary_head():
     cities = {c["arguments"]["city"] for r in rows for step in normalize_gold_calls(r["gold_tool_calls"]) for c in step
               if "city" in c["arguments"]}
     assert cities == set(VOCAB["city"][:4])
-    demo_cities = {m["content"] for d in task.demonstrations(200, seed=1) for m in d["messages"][:1]}
-    assert not any(c in q for q in demo_cities for c in VOCAB["city"][4:])
-    with pytest.raises(ValueError, match="ran out of distinct questions after 275"):
+    demo_questions = {m["content"] for d in task.demonstrations(200, seed=1) for m in d["messages"][:1]}
+    assert not any(c in q for q in demo_questions for c in VOCAB["city"][4:])
+    with pytest.raises(ValueError, match="asked for 360 distinct questions and has 276"):
         ToolCallTask(num_train=300, num_test=60, subsets="single", values_per_slot=4).dataset("train")
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_num_questions_counts_every_valid_key(k):
+    """num_questions(subset) is the number of distinct valid (template, values) keys, counted here by brute
+    force over every value tuple of the first k values per slot (slots of one vocabulary distinct); with
+    exactly that many questions asked, the draw returns all of them."""
+    task = ToolCallTask(num_train=0, num_test=0, subsets=["single", "chain"], values_per_slot=k)
+    for subset in ("single", "chain"):
+        brute = {(t.id, vs) for t in TEMPLATES if t.subset == subset
+                 for vs in itertools.product(*(VOCAB[v][:k] for _, v in t.slots)) if t.valid(vs)}
+        assert task.num_questions(subset) == len(brute)
+    assert task.num_questions("single") == {2: 52, 3: 138, 4: 276}[k]
+    full = ToolCallTask(num_train=0, num_test=task.num_questions("single"), subsets="single", values_per_slot=k)
+    assert len(set(full.dataset("test")["id"])) == task.num_questions("single")
+
+
+@pytest.mark.parametrize("value, match", [(2, "'rate2' template of the 'parallel' subset needs 3 distinct"),
+                                          (2.5, "must be a positive integer"), (True, "must be a positive integer")])
+def test_values_per_slot_below_a_templates_needs_is_refused(value, match):
+    """rate2 (parallel) converts one amount into two other currencies: three distinct currencies."""
+    with pytest.raises(ValueError, match=match):
+        ToolCallTask(subsets="parallel", values_per_slot=value)
+
+
+def test_demonstrations_with_no_question_left_raise_instead_of_hanging():
+    """values_per_slot=2 leaves 52 single questions; 40 train + 12 test use them all, so disjoint
+    demonstrations have none left (the draw used to loop forever); without disjointness the 40 train
+    questions remain demonstrable."""
+    kwargs = dict(num_train=40, num_test=12, subsets="single", values_per_slot=2)
+    with pytest.raises(ValueError, match="disjoint_demonstrations"):
+        next(iter(ToolCallTask(**kwargs, disjoint_demonstrations=True).demonstrations(1, seed=0)))
+    assert len(list(ToolCallTask(**kwargs).demonstrations(5, seed=0))) == 5
 
 
 def test_disjoint_demonstrations_skip_the_train_questions_too():
