@@ -17,8 +17,8 @@ FSDP setting (the HF engine samples from the model's own logits, so the chunked 
 
 Imports torch, transformers and, of lit_credit, only the log-probs with the chunked head, the HF engine and
 the losses (with what they import: lit_credit.types, lit_credit.interfaces): lit_credit.models and
-lit_credit.rollout are registered as bare packages first (:func:`import_project`), since their ``__init__`` pulls in lit_credit.tasks (datasets, math_verify), which
-the GPU machine lacks; hydra, omegaconf, lightning and vllm are never imported. ``--cpu``: the same code on
+lit_credit.rollout are registered as bare packages first (:func:`import_project`), since their ``__init__``
+pulls in lit_credit.tasks (datasets, math_verify), which the GPU machine lacks; hydra, omegaconf, lightning and vllm are never imported. ``--cpu``: the same code on
 CPU with a tiny config of the architecture, float32, FSDP2 over gloo. Exits non-zero unless every figure is
 finite and positive (and, in float32, the chunked head matches the full head to 1e-4). Writes
 ``gpu_check.json`` to ``--out`` (default ``$OUT`` if set, else ``outputs/gpu_check/<timestamp>``).
@@ -374,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:  # after every case: a crash or a time-out later still leaves the figures so far
         report["wall_s"] = time.perf_counter() - START
-        tmp = out / "gpu_check.json.tmp"  # written whole, then renamed: a kill mid-write keeps the last copy
+        # written whole, then renamed (lit_credit.checkpoint.atomic_write does this too, but imports lightning)
+        tmp = out / "gpu_check.json.tmp"
         tmp.write_text(json.dumps(report, indent=2))
         os.replace(tmp, out / "gpu_check.json")
 
