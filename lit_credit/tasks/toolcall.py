@@ -15,6 +15,7 @@ strings because HF datasets merges dicts with different keys into one struct wit
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import math
 import os
@@ -22,7 +23,7 @@ import random
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -519,6 +520,16 @@ def apportion(total: int, weights: Mapping[str, float]) -> dict[str, int]:
 Key = tuple[str, tuple[Any, ...]]
 
 
+@cache
+def _single_tool(template_id: str) -> str | None:
+    """The tool a ``single`` template calls (its gold on the first valid values), else None."""
+    t = TEMPLATES_BY_ID[template_id]
+    if t.subset != "single" or t.gold is None:
+        return None
+    values = next(vs for vs in itertools.product(*(VOCAB[v][: len(t.slots)] for _, v in t.slots)) if t.valid(vs))
+    return t.gold(dict(zip((n for n, _ in t.slots), values)), lambda c: {})[0][0]["name"]
+
+
 def _demonstrable(row: Mapping[str, Any]) -> bool:
     """Gold calls exist and each fits its schema (flat gold, names without arguments, would teach errors)."""
     gold = normalize_gold_calls(row["gold_tool_calls"])
@@ -545,6 +556,9 @@ class ToolCallTask(Task):
     everything is a function of ``seed``. Demonstrations skip test keys, and with ``disjoint_demonstrations``
     the train keys too: the RL prompts are then as new to an SFT start as the held-out ones (with a small
     ``values_per_slot`` an SFT start otherwise memorises the train questions and RL has nothing left there).
+    ``wrong_tool_demonstrations=p`` makes the demonstrator noisy: a fraction p of the demonstrations of
+    questions with gold calls answer with a wrong call instead (:meth:`wrong_tool_demonstration`), so an SFT
+    start picks the right tool about ``1 - p`` of the time and RL has a tool choice to sharpen.
 
     Parquet mode (``parquet_path``): rows from :func:`load_toucan_parquet`; an explicit ``subsets`` keeps
     the rows whose ``subset`` is named (weights ignored). The test split is ``test_parquet_path`` if given,
@@ -562,7 +576,8 @@ class ToolCallTask(Task):
                  max_distractors: int = 2, seed: int = 0, parquet_path: Any = None,
                  test_parquet_path: Any = None, max_turns: int = 10, max_response_chars: int = 300,
                  simulator: ToolBackend | None = None, debris_ends_episode: bool = True,
-                 values_per_slot: int | None = None, disjoint_demonstrations: bool = False) -> None:
+                 values_per_slot: int | None = None, disjoint_demonstrations: bool = False,
+                 wrong_tool_demonstrations: float = 0.0) -> None:
         if max_distractors < 0:
             raise ValueError(f"task.max_distractors={max_distractors}: must be >= 0")
         if num_test < 0 or (num_train is not None and num_train < 0):
@@ -571,6 +586,9 @@ class ToolCallTask(Task):
                                             or values_per_slot < 1):
             raise ValueError(f"task.values_per_slot={values_per_slot!r}: must be a positive integer or null for "
                              "every value")
+        if isinstance(wrong_tool_demonstrations, bool) or not 0.0 <= float(wrong_tool_demonstrations) < 1.0:
+            raise ValueError(f"task.wrong_tool_demonstrations={wrong_tool_demonstrations!r}: must be a fraction in "
+                             "[0, 1) (0: every demonstration calls the gold tools)")
         if parquet_path is None and num_train is None:
             raise ValueError("task.num_train=None is only allowed with task.parquet_path (all rows)")
         self.parquet_mode = parquet_path is not None
@@ -585,6 +603,7 @@ class ToolCallTask(Task):
         self.debris_ends_episode = bool(debris_ends_episode)
         self.values_per_slot = values_per_slot
         self.disjoint_demonstrations = bool(disjoint_demonstrations)
+        self.wrong_tool_demonstrations = float(wrong_tool_demonstrations)
         self.catalog_version = CATALOG_VERSION
         self.simulator = simulator if simulator is not None else ToolSimulator()
         self._gold_sim = ToolSimulator()  # gold plans always come from the deterministic simulator
@@ -721,6 +740,7 @@ class ToolCallTask(Task):
                     ", so none is left to demonstrate; lower task.num_train or task.num_test, raise "
                     "task.values_per_slot, or set task.disjoint_demonstrations=false")
         rng = random.Random(f"demo:{self.seed}:{seed}")
+        wrong_rng = random.Random(f"demo:{self.seed}:{seed}:wrong")
         draws = {s: self._draws(s, random.Random(f"demo:{self.seed}:{seed}:{s}")) for s in self.weights}
         names, weights = list(self.weights), list(self.weights.values())
         made = 0
@@ -731,8 +751,29 @@ class ToolCallTask(Task):
             t, v = self._template_values(key)
             row = self.synthetic_row(key)
             answer = t.answer(v) if t.answer is not None else None
-            yield row, gold_conversation(row, self._gold_sim, self.max_response_chars, answer)
+            demo = gold_conversation(row, self._gold_sim, self.max_response_chars, answer)
+            if t.gold is not None and self.wrong_tool_demonstrations and wrong_rng.random() < self.wrong_tool_demonstrations:
+                demo = self.wrong_tool_demonstration(row, wrong_rng)
+            yield row, demo
             made += 1
+
+    def wrong_tool_demonstration(self, row: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
+        """A demonstration of ``row`` by a demonstrator that picked the wrong tool: after the row's prompt,
+        the gold conversation of another question, a ``single`` one whose tool is one of the row's distractors
+        (chosen uniformly, then a question of that tool drawn with ``rng``): one call with that question's
+        values (not copied from the row's), its tool response, and a summary of it. ``tools`` stay the row's.
+        A row that offers no distractor keeps its gold demonstration."""
+        gold = {c["name"] for step in normalize_gold_calls(row["gold_tool_calls"]) for c in step}
+        distractors = sorted(set(row["allowed_tools"]) - gold)
+        if not distractors:
+            return gold_conversation(row, self._gold_sim, self.max_response_chars)
+        tool = rng.choice(distractors)
+        draw = self._draws("single", rng)
+        key = next(k for k in draw if k not in self._unseen_keys and _single_tool(k[0]) == tool)
+        other = self.synthetic_row(key)
+        demo = gold_conversation(other, self._gold_sim, self.max_response_chars)
+        return {"messages": [dict(m) for m in row["prompt"]] + demo["messages"][len(other["prompt"]):],
+                "tools": parse_tools(row["tools"])}
 
     def demonstrations(self, num: int, seed: int) -> Iterable[dict[str, Any]]:
         """Gold conversations ``{"messages", "tools"}`` (tools: a list of schema dicts), none from the test

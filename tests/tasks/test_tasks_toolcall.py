@@ -569,3 +569,39 @@ def test_toucan_parquet_loader(tmp_path):
     flat_only = ToolCallTask(parquet_path=tmp_path / "flat.parquet", test_parquet_path=tmp_path / "nested.parquet")
     with pytest.raises(ValueError, match="fit its tool schemas"):  # names without arguments teach errors
         next(iter(flat_only.demonstrations(1, seed=0)))
+
+
+def test_wrong_tool_demonstrations_call_a_distractor_at_the_asked_rate():
+    """wrong_tool_demonstrations=0.4 over 500 single-call demonstrations: each demonstration is wrong with
+    probability 0.4 (an independent draw), so the wrong count is Binomial(500, 0.4): mean 200, sd
+    sqrt(500 * 0.4 * 0.6) = 10.95; 160..240 is +-3.65 sd. A wrong one keeps the row's prompt and tools and
+    calls one of the row's distractors (never a gold tool), then summarises that tool's response; a right one
+    is the gold conversation. p=0 leaves the demonstrations exactly as before."""
+    kwargs = dict(num_train=200, num_test=60, subsets="single")
+    noisy = ToolCallTask(**kwargs, wrong_tool_demonstrations=0.4)
+    clean = list(ToolCallTask(**kwargs).demonstration_rows(500, seed=0))
+    wrong = 0
+    for (row, demo), (clean_row, clean_demo) in zip(noisy.demonstration_rows(500, seed=0), clean):
+        assert row == clean_row  # the questions are the same draw; only the replies differ
+        gold = normalize_gold_calls(row["gold_tool_calls"])[0][0]
+        call = json.loads(demo["messages"][1]["content"].removeprefix("<tool_call>").removesuffix("</tool_call>"))
+        assert demo["messages"][0] == row["prompt"][0] and [m["role"] for m in demo["messages"]] == [
+            "user", "assistant", "tool", "assistant"]
+        assert [t["function"]["name"] for t in demo["tools"]] == row["allowed_tools"]
+        if call["name"] == gold["name"]:
+            assert demo == clean_demo
+            continue
+        wrong += 1
+        assert call["name"] in row["allowed_tools"]
+        response = ToolSimulator().respond(call)
+        assert demo["messages"][2]["content"] == response
+        assert demo["messages"][3]["content"] == fact(call["name"], call["arguments"], response)
+    assert 160 <= wrong <= 240
+    assert [d for _, d in ToolCallTask(**kwargs, wrong_tool_demonstrations=0.0).demonstration_rows(50, seed=0)] == [
+        d for _, d in clean[:50]]
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, True])
+def test_wrong_tool_demonstrations_outside_a_fraction_is_refused(value):
+    with pytest.raises(ValueError, match=r"task\.wrong_tool_demonstrations"):
+        ToolCallTask(subsets="single", wrong_tool_demonstrations=value)
