@@ -69,7 +69,8 @@ DIFFERENCES = [
     "rows of the step in one batch; lit-credit also asks for `output_logits=True, return_dict_in_generate=True` and "
     "turns them into behaviour log-probs in place (its engine/trainer log-prob-gap check); TRL does not.",
     "Log-probs: lit-credit's `token_logprobs` (lit_credit/models/logprobs.py) runs micro-batches of rows "
-    "sorted by length, at most method.logprob_token_budget = 16384 tokens (one micro-batch here); on the "
+    "sorted by length, at most method.logprob_token_budget = 16384 tokens (one micro-batch here unless "
+    "--micro-rows), and the update backpropagates each micro-batch before the next (gradients accumulated); on the "
     "embedded policy it works on their full-vocabulary [B, T, V] float32 logits, on SmolLM2 through the "
     "chunked LM head (lit_credit/models/chunked_head.py: 4096 tokens at a time, log-probs and entropy with "
     "its own backward, [B, T, V] never materialised); TRL patches the model with its chunked fused LM head (`add_fused_lm_head`: log-probs and "
@@ -84,7 +85,7 @@ DIFFERENCES = [
     "Advantages: both (r - group mean) / (group std + eps) with the unbiased std; eps 1e-6 (lit-credit) vs "
     "1e-4 (TRL).",
     "Loss: same per-token clipped surrogate + 0.001 * k3 KL, token-mean over the step's completions (TRL "
-    "loss_type='dapo' = sum / number of completion tokens of the generation batch, one micro-batch); TRL adds"
+    "loss_type='dapo' = sum / number of completion tokens of the generation batch, over its micro-batches); TRL adds"
     " the KL before masking, lit-credit masks then adds (same value on completion tokens).",
     "Optimiser: both torch.optim.AdamW (TRL optim='adamw_torch', not fused), lr 1e-4, betas (0.9, 0.999), eps"
     " 1e-8, weight decay 0, grad-norm clip 1.0; LR schedule constant on both (the default job's 10-step "
@@ -235,6 +236,17 @@ def child_lit(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
     cfg = compose(setting, steps, model_dir, workdir, shape)
     module, datamodule, trainer = build(cfg)  # the path of `lit-credit` (train.train minus the run-dir claim)
     gen = GenerateTimer(module.policy, module.tokenizer.eos_token_id)
+    update_forwards: list[int] = []  # forward passes with a graph (one per update micro-batch), per step
+    module.policy.register_forward_pre_hook(lambda *_: update_forwards.append(1) if torch.is_grad_enabled() else None)
+    if shape["micro_rows"]:
+        # --micro-rows K: a token budget of K rows at the step's width (fixed-length rows: exactly K per micro-batch)
+        anchor = module.anchor_logprobs
+
+        def budgeted_anchor(batch):
+            module.logprob_token_budget = shape["micro_rows"] * batch.input_ids.shape[1]
+            return anchor(batch)
+
+        module.anchor_logprobs = budgeted_anchor
     ends: list[tuple[float, float]] = []  # (wall, process CPU) at the start and at every step end
     per_step: list[dict[str, float]] = []
 
@@ -251,7 +263,8 @@ def child_lit(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
             m = trainer.callback_metrics
             keys = ("perf/step_s", "perf/generation_s", "train/response_length", "train/reward/mean",
                     "loss/kl")
-            per_step.append({k: float(m[k]) for k in keys if k in m})
+            per_step.append({k: float(m[k]) for k in keys if k in m} | {"update_forwards": len(update_forwards)})
+            update_forwards.clear()
 
     trainer.callbacks.append(StepTimer())
     rss_start = _status()["VmRSS"] / 1024
@@ -295,11 +308,12 @@ def child_trl(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [float(reward({"answer": a}, [t]).score) for t, a in zip(texts, answer)]
 
+    rows = shape["micro_rows"] or data.prompts_per_step * sampling.n  # rows per forward + backward
     args = GRPOConfig(
         output_dir=workdir, max_steps=steps, seed=cfg.seed, use_cpu=True, bf16=False, fp16=False,
         gradient_checkpointing=False, report_to="none", logging_steps=1, save_strategy="no",
         eval_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
-        per_device_train_batch_size=data.prompts_per_step * sampling.n, gradient_accumulation_steps=1,
+        per_device_train_batch_size=rows, gradient_accumulation_steps=data.prompts_per_step * sampling.n // rows,
         num_generations=sampling.n, num_iterations=1, max_completion_length=sampling.max_new_tokens,
         temperature=sampling.temperature, top_p=sampling.top_p, top_k=0, generation_kwargs=generation_kwargs,
         use_vllm=False, learning_rate=method.optimizer.lr, weight_decay=method.optimizer.weight_decay,
@@ -429,6 +443,9 @@ def summarise(runs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
         "train_peak_rss_mib": statistics.median(r["train_peak_mib"] for r in runs)
         if all(r["peak_reset"] for r in runs) else None,
         "torch_threads": runs[0]["threads"], "config": runs[0]["config"],
+        "update_forwards_per_step": statistics.median(
+            p["update_forwards"] for r in runs for p in r["per_step"][warmup:]) if "update_forwards" in
+        runs[0]["per_step"][0] else None,
     }
 
 
@@ -480,6 +497,8 @@ def parent(ns: argparse.Namespace) -> None:
                            "--setting", s["name"], "--total-steps", str(total), "--warmup", str(ns.warmup),
                            "--out", str(out), "--model", shape["model"], "--prompts", str(shape["prompts"]),
                            "--group", str(shape["group"])]
+                    if shape["micro_rows"]:
+                        cmd += ["--micro-rows", str(shape["micro_rows"])]
                     if ns.threads:
                         cmd += ["--threads", str(ns.threads)]
                     if dirs[s["name"]] is not None:
@@ -518,6 +537,7 @@ def parent(ns: argparse.Namespace) -> None:
                               "process",
                      "model": shape["model"], "prompts_per_step": shape["prompts"], "group_size": shape["group"],
                      "completions_per_step": shape["prompts"] * shape["group"],
+                     "update_micro_batch_rows": shape["micro_rows"] or shape["prompts"] * shape["group"],
                      "step_time": "wall time between consecutive step ends (Lightning on_train_batch_end / "
                                   "HF on_step_end); CPU s/step: process CPU time (all threads) over the same "
                                   "interval",
@@ -550,7 +570,8 @@ def parent(ns: argparse.Namespace) -> None:
 def resolve_shape(ns: argparse.Namespace) -> dict[str, Any]:
     """The model and the prompts x group of a step: the flags, else the model's defaults."""
     defaults = MODELS[ns.model]
-    return {"model": ns.model, "prompts": ns.prompts or defaults["prompts"], "group": ns.group or defaults["group"]}
+    return {"model": ns.model, "prompts": ns.prompts or defaults["prompts"], "group": ns.group or defaults["group"],
+            "micro_rows": ns.micro_rows}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -569,6 +590,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", type=Path, help="where to write the results (default: benchmarks/results/"
                    "grpo_step.json; with --model smollm2, grpo_step_smollm2.json)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads in both children (default: torch's)")
+    p.add_argument("--micro-rows", type=int, help="rows per forward + backward of the update, gradients accumulated "
+                   "over the step's micro-batches (lit-credit: method.logprob_token_budget = K x the step's width; "
+                   "TRL: per_device_train_batch_size = K, gradient_accumulation_steps = completions / K); "
+                   "default: every completion in one")
     # internal: one child run
     p.add_argument("--child", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     p.add_argument("--setting", help=argparse.SUPPRESS)

@@ -10,8 +10,9 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from lit_credit.checkpoint import capture_rng, restore_rng
+from lit_credit.losses import PolicyLoss
 from lit_credit.models.chunked_head import check_chunkable
-from lit_credit.models.logprobs import token_logprobs
+from lit_credit.models.logprobs import length_buckets, token_logprobs
 from lit_credit.models.policy import PolicySource, is_peft
 from lit_credit.rollout import Experience
 from lit_credit.types import RolloutBatch, SamplingParams
@@ -119,6 +120,37 @@ class PolicyModule(L.LightningModule):
         entropy (else None)."""
         return token_logprobs(model, batch.input_ids, batch.attention_mask, self.logprob_token_budget,
                               entropy=entropy, temperature=batch.temperature, head_chunk=self.head_chunk_tokens)
+
+    def backward_by_micro_batch(self, batch: RolloutBatch, loss: PolicyLoss, advantages: torch.Tensor,
+                                mask: torch.Tensor, ref_logp: torch.Tensor | None, old_logp: torch.Tensor | None = None,
+                                scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """Gradients of ``scale * loss(logp, old, advantages, mask, ref_logp)`` over the whole ``batch``
+        (``old = old_logp``, or ``logp`` detached when None: one update per rollout batch), accumulated one
+        :func:`~lit_credit.models.logprobs.length_buckets` micro-batch of rows at a time (at most
+        ``logprob_token_budget`` tokens; all rows at once without a budget): forward the micro-batch, put its
+        rows into ``logp`` [B, T] (the other rows hold detached values: those already run, the rest the
+        behaviour log-probs), backward, free the graph, next. Activation memory is one micro-batch's, whatever
+        the batch size.
+
+        Exact because every row's loss terms depend on that row's log-probs alone (token and sequence ratios,
+        KL; the aggregations' normalisers come from the mask): ``d loss / d logp_b`` is the same whichever rows
+        are live, so the micro-batches' gradients sum to the whole batch's (float rounding aside).
+        Returns the detached log-probs and entropy of every row and the loss's metrics over all of them.
+        """
+        buckets = ([rows for rows, _ in length_buckets(batch.attention_mask, self.logprob_token_budget)]
+                   if self.logprob_token_budget is not None else [torch.arange(len(batch), device=self.device)])
+        logp = batch.behaviour_logprobs.detach().clone()
+        entropy = torch.zeros_like(logp)
+        for rows in buckets:
+            part, part_entropy = self._logprobs(self.policy, batch.select(rows), entropy=True)
+            live = logp.index_copy(0, rows, part)
+            value, metrics = loss(live, live.detach() if old_logp is None else old_logp, advantages, mask, ref_logp)
+            self.manual_backward(scale * value)
+            logp[rows], entropy[rows] = part.detach(), part_entropy
+        if len(buckets) != 1:  # the metrics of the whole batch (one bucket: the loss call above saw every row)
+            with torch.no_grad():
+                metrics = loss(logp, logp if old_logp is None else old_logp, advantages, mask, ref_logp)[1]
+        return logp, entropy, metrics
 
     @torch.no_grad()
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:

@@ -157,20 +157,20 @@ class DPAGRPOModule(PolicyModule):
                 for name, acts in record.actions.items() if acts is not None}
 
     # ------------------------------------------------------------------------------------------------ loss
-    def action_loss(self, batch: RolloutBatch, pairs: bool, source: str = "",
-                    cases: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-        """The DPA loss of one set of action sequences under the active adapter; the credited batch is kept in
-        ``credit_trace`` as ``source`` with each row's DPA case."""
+    def action_backward(self, batch: RolloutBatch, pairs: bool, source: str = "", cases: torch.Tensor | None = None,
+                        scale: float = 1.0) -> dict[str, float]:
+        """Backpropagates ``scale`` x the DPA loss of one set of action sequences under the active adapter, a
+        micro-batch at a time (:meth:`backward_by_micro_batch`); the loss's metrics. The credited batch is kept
+        in ``credit_trace`` as ``source`` with each row's DPA case."""
         batch = batch.to(self.device)
         credit = (self.credit if pairs else self.group_credit)(batch)
         self.credit_trace.append(CreditTrace(source, batch, credit.advantages, cases))
         ref = self.reference_logprobs(batch)
-        logp = self._logprobs(self.policy, batch)[0]
         mask = batch.response_mask
         bonus = batch.extras.get("adv_bonus", torch.zeros(len(batch), device=self.device))
         advantages = credit.advantages + bonus[:, None] * mask
         weight = batch.extras.get("weight", torch.ones(len(batch), device=self.device))
-        return self.loss(logp, logp.detach(), advantages, mask * weight[:, None], ref)
+        return self.backward_by_micro_batch(batch, self.loss, advantages, mask * weight[:, None], ref, scale=scale)[2]
 
     def training_step(self, rows: list[dict[str, Any]], batch_idx: int) -> None:
         start = time.perf_counter()
@@ -197,19 +197,20 @@ class DPAGRPOModule(PolicyModule):
         sets["generator"].append(("proposals", proposals, False, self.proposal_weight))
         return sets
 
-    def role_loss(self, sets: list[tuple[str, RolloutBatch, bool, float]], cases: torch.Tensor,
-                  logs: dict[str, float]) -> torch.Tensor:
-        """One role's loss under its active adapter: the weighted sum of its sets' :meth:`action_loss`
-        (``loss_reduction=sum``: each times its number of decisions, as the official update sums pair means)."""
-        total = torch.zeros((), device=self.device)
+    def role_backward(self, sets: list[tuple[str, RolloutBatch, bool, float]], cases: torch.Tensor,
+                      logs: dict[str, float]) -> float:
+        """Backpropagates one role's loss under its active adapter, the weighted sum of its sets' DPA losses
+        (:meth:`action_backward`; ``loss_reduction=sum``: each times its number of decisions, as the official
+        update sums pair means); that loss's value."""
+        total = 0.0
         for name, batch, pairs, weight in sets:
             if weight:
                 # rows of the role batches are grouped by decision; proposal i is decision i
                 rows = cases if name == "proposals" else cases[batch.group_ids.cpu()]
-                loss, metrics = self.action_loss(batch, pairs, name, rows)
                 if self.loss_reduction == "sum":
                     weight = weight * batch.group_ids.unique().numel()
-                total = total + weight * loss
+                metrics = self.action_backward(batch, pairs, name, rows, weight)
+                total += weight * metrics["loss/total"]
                 logs[f"loss/kl/{name}"] = metrics.get("loss/kl", 0.0)
         return total
 
@@ -228,10 +229,7 @@ class DPAGRPOModule(PolicyModule):
             opt.zero_grad()
             for role in roles:
                 self.use_role(role)
-                total = self.role_loss(sets[role], cases, logs)
-                if total.requires_grad:
-                    self.manual_backward(total)
-                logs[f"loss/{role}"] = total.item()
+                logs[f"loss/{role}"] = self.role_backward(sets[role], cases, logs)
             logs[f"train/grad_norm/{'+'.join(roles)}"] = self._clip(opt)
             opt.step()  # also without gradients, so global_step counts rounds x optimisers
             self.untoggle_optimizer(opt)

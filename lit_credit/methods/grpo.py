@@ -190,21 +190,19 @@ class GRPOModule(PolicyModule):
             chunks = torch.randperm(len(batch), device=self.device).chunk(self.num_minibatches)
             for i, idx in enumerate(chunks):
                 mb = batch.select(idx)
-                logp, ent = self._logprobs(self.policy, mb, entropy=True)
-                # One update: the policy has not moved since the rollouts, so old = logp (ratio exactly 1).
-                old = logp.detach() if old_logp is None else old_logp[idx]
-                loss, metrics = self.loss(logp, old, advantages[idx], mask[idx],
-                                          ref_logp[idx] if ref_logp is not None else None)
                 opt.zero_grad()
-                self.manual_backward(loss)
+                logp, ent, metrics = self.backward_by_micro_batch(
+                    mb, self.loss, advantages[idx], mask[idx], ref_logp[idx] if ref_logp is not None else None,
+                    old_logp[idx] if old_logp is not None else None)
                 if not informative:  # no group with a reward spread: no update (AdamW skips grad-less weights)
                     opt.zero_grad(set_to_none=True)
                 metrics["train/grad_norm"] = self._clip(opt)
                 self._step(opt, last=epoch == self.ppo_epochs - 1 and i == len(chunks) - 1)
                 updates.append(metrics)
                 if epoch == 0:
-                    gap.append(masked_mean((old - mb.behaviour_logprobs).abs(), mask[idx]))
-                    entropy.append(masked_mean(ent.detach(), mask[idx]))
+                    gap.append(masked_mean(((logp if old_logp is None else old_logp[idx]) - mb.behaviour_logprobs).abs(),
+                                           mask[idx]))
+                    entropy.append(masked_mean(ent, mask[idx]))
         if sched is not None:
             sched.step()
         reduce = {"loss/ratio_min": min, "loss/ratio_max": max}  # the others: mean over the step's updates

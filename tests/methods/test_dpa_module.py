@@ -215,6 +215,7 @@ def test_weight_and_advantage_bonus_enter_the_loss(make_cfg):
     # summed log-prob of row i: a bonus b moves L by -(1/B) sum_i b_i S_i; a weight w scales each row's term, so
     # L(w) = sum_i w_i L(e_i), e_i the one-hot weights.
     module, _d, _t = build(make_cfg(*SMALL, fast_task=False))
+    module.manual_backward = lambda loss: loss.backward()  # no trainer here; the gradients are not looked at
     codec = ChatCodec(module.tokenizer)
     prompt = codec.prompt_ids([{"role": "user", "content": "line 15: 37700"}])
     actions = [decision_action("15", d) for d in ("SAC", "NS")] * 2
@@ -223,7 +224,7 @@ def test_weight_and_advantage_bonus_enter_the_loss(make_cfg):
         acts = RoleActions("verifier", [prompt] * 4, actions, [0, 0, 1, 1], torch.tensor([1.0, 0.0, 1.0, 0.0]),
                            paired=True, weight=weight, adv_bonus=bonus)
         batch = role_batch(acts, codec)
-        return module.action_loss(batch, pairs=True)[0].item(), batch
+        return module.action_backward(batch, pairs=True)["loss/total"], batch
 
     base, batch = loss()
     with torch.no_grad():

@@ -117,3 +117,46 @@ def test_grpo_yaml_holds_the_default_every_method_inherits():
         text = path.read_text()
         assert "num_minibatches" not in text and "ppo_epochs" not in text, path
     assert "/credit" not in (CONF_DIR / "method" / "grpo.yaml").read_text()
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dr_grpo", "gspo", "dapo"])
+def test_micro_batch_backward_gives_the_whole_batch_gradient(loss, make_cfg):
+    """backward_by_micro_batch with a token budget of 1 (every row its own micro-batch: max(1, 1 // width) = 1
+    row) must give the gradient of one backward over the whole batch: each row's loss terms depend on its own
+    log-probs only, and the aggregations' normalisers (token count, rows, max length) come from the mask.
+    Old log-probs 0.3 N(0, 1) off the behaviour ones put the ratios at e^(+-0.3), so the clip binds on some
+    tokens; a KL coefficient of 0.05 adds the KL term; random advantages. Each micro-batch is forwarded only
+    after the previous one's backward has reached the weights (F B F B ...), so one graph lives at a time."""
+    overrides = [o for o in STEP if not o.startswith("loss.kl_coef")]
+    module, datamodule, trainer = build(make_cfg(*overrides, f"loss={loss}", "loss.kl_coef=0.05",
+                                                 "method.num_minibatches=1"))
+    seen, run = {}, module.backward_by_micro_batch
+    module.backward_by_micro_batch = lambda batch, *a: seen.setdefault("batch", batch) and run(batch, *a)
+    trainer.fit(module, datamodule=datamodule)  # the step's real rollout batch, and a trainer to backward with
+    batch, mask = seen["batch"], seen["batch"].response_mask
+    g = torch.Generator().manual_seed(0)
+    advantages = torch.randn(mask.shape, generator=g) * mask
+    old = batch.behaviour_logprobs + 0.3 * torch.randn(mask.shape, generator=g)
+    ref = batch.behaviour_logprobs - 0.2 * torch.rand(mask.shape, generator=g)
+    params = [p for p in module.policy.parameters() if p.requires_grad]
+    events = []
+    module.policy.register_forward_pre_hook(lambda m, a, kw: events.append("F") if torch.is_grad_enabled() else None,
+                                            with_kwargs=True)
+    params[0].register_post_accumulate_grad_hook(lambda p: events.append("B"))
+
+    def gradients(budget):
+        module.logprob_token_budget = budget
+        module.policy.zero_grad(set_to_none=True)
+        events.clear()
+        logp, _, metrics = run(batch, module.loss, advantages, mask, ref, old)
+        return [p.grad.clone() for p in params], logp, metrics, list(events)
+
+    whole, logp_whole, metrics_whole, events_whole = gradients(None)
+    micro, logp_micro, metrics_micro, events_micro = gradients(1)
+    assert events_whole == ["F", "B"] and events_micro == ["F", "B"] * len(batch)
+    assert metrics_whole["loss/clip_frac"] > 0  # the clip binds, so the test covers clipped tokens too
+    torch.testing.assert_close(logp_micro * mask, logp_whole * mask, rtol=0, atol=1e-5)  # padding differs
+    for a, b in zip(micro, whole):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    for key in ("loss/total", "loss/policy", "loss/kl", "loss/clip_frac", "loss/ratio_mean"):
+        assert metrics_micro[key] == pytest.approx(metrics_whole[key], rel=1e-4, abs=1e-6)
