@@ -74,7 +74,12 @@ class Record(L.Callback):
 
         state = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().clone()
                  for k, v in pl_module.policy.state_dict().items()}  # full_tensor: every rank takes part
+        from torch.distributed.fsdp import FSDPModule
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
         sharded = any(isinstance(p, DTensor) for p in pl_module.policy.parameters())
+        layers = [m for m in pl_module.policy.modules() if isinstance(m, GradientCheckpointingLayer)]
+        sharded = sharded and bool(layers) and all(isinstance(m, FSDPModule) for m in layers)  # each its own unit
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(
             {"steps": self.steps, "world_size": trainer.world_size, "sharded": sharded,
              "strategy": type(trainer.strategy).__name__}))
@@ -149,13 +154,14 @@ def single(experience, cache_dir):
 
 
 @pytest.mark.parametrize("trainer, extra", [("ddp_cpu", ()), ("fsdp2_cpu", ()),
-                                            ("fsdp2_cpu", ("model.head_chunk_tokens=7",))],
-                         ids=["ddp_cpu", "fsdp2_cpu", "fsdp2_cpu-chunked_head"])
+                                            ("fsdp2_cpu", ("model.head_chunk_tokens=7",)),
+                                            ("fsdp2_cpu", ("model.activation_checkpointing=true",))],
+                         ids=["ddp_cpu", "fsdp2_cpu", "fsdp2_cpu-chunked_head", "fsdp2_cpu-activation_checkpointing"])
 def test_two_processes_match_one(trainer, extra, experience, single, cache_dir):
     """Also the chunked LM head under FSDP2 (the head runs inside the sharded root's forward, so its weight is
     unsharded there and again for the backward) against one process with the model's own logits."""
     one, one_state, one_s = single
-    ranks, state, elapsed = run(trainer, experience, cache_dir, experience.parent / f"{trainer}{len(extra)}", *extra)
+    ranks, state, elapsed = run(trainer, experience, cache_dir, experience.parent / "_".join([trainer, *extra]).replace("=", "-"), *extra)
     assert len(ranks) == 2 and all(r["world_size"] == 2 for r in ranks)
     assert all(r["sharded"] for r in ranks) == (trainer == "fsdp2_cpu")
     loss_1, loss_2 = mean_over_ranks(one, "loss/total"), mean_over_ranks(ranks, "loss/total")

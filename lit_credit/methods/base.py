@@ -72,7 +72,7 @@ class PolicyModule(L.LightningModule):
         dp_mesh = mesh["data_parallel"] if "data_parallel" in names and mesh.ndim > 1 else mesh
         blocks = set(getattr(self.policy, "_no_split_modules", None) or ())
         for module in self.policy.modules():
-            if type(module).__name__ in blocks:
+            if any(cls.__name__ in blocks for cls in type(module).__mro__):  # checkpointed layers subclass them
                 fully_shard(module, mesh=dp_mesh)
         fully_shard(self.policy, mesh=dp_mesh)
 

@@ -22,9 +22,9 @@ def _forward(
     no [B, T, V] tensor at all)."""
     if head_chunk:
         with logprob_head(model, input_ids[:, 1:], temperature, head_chunk, entropy):
-            out = model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
+            out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits.float()
         return out[..., 0], out[..., 1] if entropy else None
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
     target = input_ids[:, 1:]
     if not (entropy or torch.is_grad_enabled()):
         if temperature != 1.0:

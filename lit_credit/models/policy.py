@@ -1,10 +1,13 @@
 """Where the policy comes from: a local HF causal-LM directory, or the embedded default."""
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from lit_credit.models.embedded import CachedPolicy
 
@@ -18,6 +21,37 @@ def is_peft(model: torch.nn.Module) -> bool:
     except ImportError:
         return False
     return isinstance(model, PeftModel)
+
+
+def checkpoint_layers(model: torch.nn.Module) -> int:
+    """Activation checkpointing: each decoder layer (a transformers ``GradientCheckpointingLayer``) keeps only
+    its inputs for backward and runs its forward again there (``torch.utils.checkpoint``, non-reentrant),
+    whenever gradients are on, in eval mode too (transformers' own ``gradient_checkpointing_enable`` acts in
+    train mode only, and RL runs the policy in eval mode: no dropout). A layer's saved activations shrink to
+    its input; the backward pays one more forward of every layer. Under ``torch.no_grad`` (rollouts,
+    reference and old log-probs) the layers run as before. Returns the number of layers made so; a model
+    without such layers is refused by name."""
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ValueError(f"model.activation_checkpointing=true: {type(model).__name__} has no decoder layers of "
+                         "transformers' GradientCheckpointingLayer kind to checkpoint; set it to false")
+    for layer in layers:
+        layer.__class__ = _checkpointed(type(layer))
+    return len(layers)
+
+
+@functools.cache
+def _checkpointed(cls: type) -> type:
+    """``cls`` whose forward is recomputed in backward when gradients are on (:func:`checkpoint_layers`)."""
+    if cls.__name__.startswith("Checkpointed"):
+        return cls
+
+    def forward(self, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            return cls.forward(self, *args, **kwargs)
+        return checkpoint(cls.forward, self, *args, use_reentrant=False, **kwargs)
+
+    return type(f"Checkpointed{cls.__name__}", (cls,), {"forward": forward})
 
 
 class PolicySource:
@@ -39,13 +73,14 @@ class PolicySource:
     the embedded tiny policy (:class:`~lit_credit.models.embedded.EmbeddedPolicy`) or SmolLM2 converted from its GGUF
     (:class:`~lit_credit.models.smollm2.SmolLM2`, ``model=smollm2``). ``head_chunk_tokens``: the trainer's
     log-probs come from the chunked LM head, that many tokens at a time (:mod:`~lit_credit.models.chunked_head`:
-    no [B, T, V] logits); None: the model's own logits.
+    no [B, T, V] logits); None: the model's own logits. ``activation_checkpointing``: each decoder layer's
+    activations are recomputed in backward instead of kept (:func:`checkpoint_layers`).
     """
 
     ADAPTER = "generator"
 
     def __init__(self, path: str | None = None, embedded: CachedPolicy | None = None, dtype: str = "float32",
-                 lora: Any = None, head_chunk_tokens: int | None = None) -> None:
+                 lora: Any = None, head_chunk_tokens: int | None = None, activation_checkpointing: bool = False) -> None:
         if path is None and embedded is None:
             raise ValueError("model.path is null and model.embedded is null: give a local HF model directory "
                              "as model.path=/dir, or keep the default embedded policy")
@@ -56,6 +91,7 @@ class PolicySource:
                              "the model's own [B, T, V] logits)")
         self.path, self.embedded, self.dtype, self.lora = path, embedded, dtype, lora
         self.head_chunk_tokens = head_chunk_tokens
+        self.activation_checkpointing = bool(activation_checkpointing)
 
     def prepare(self) -> str:
         """The directory :meth:`load` reads, built first if it is the embedded policy's and not cached yet
@@ -77,6 +113,8 @@ class PolicySource:
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         model = AutoModelForCausalLM.from_pretrained(where, dtype=_DTYPES[self.dtype], local_files_only=True)
+        if self.activation_checkpointing:
+            checkpoint_layers(model)
         if self.lora is not None:
             from peft import get_peft_model
 

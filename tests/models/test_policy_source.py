@@ -2,6 +2,8 @@
 never trains; the entry points prepare first."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from hydra.errors import InstantiationException
@@ -72,3 +74,45 @@ def test_train_build_prepares_a_cold_cache_and_hands_the_module_that_source(make
     # The module's source is the prepared one: the same recipe and cache key as cfg.model's.
     assert embedded.path == instantiate(cfg.model).embedded.path and embedded.recipe["sft_steps"] == 2
     assert module.policy.config.hidden_size == 32
+
+
+def test_activation_checkpointing_recomputes_each_layer_in_backward_with_the_same_gradients(tmp_path):
+    """model.activation_checkpointing=true, in eval mode (as RL runs the policy): the log-prob gradients equal
+    the plain model's (same weights, same batch), each decoder layer's MLP is entered twice in a forward + backward
+    (forward, then its recompute) against once without, and once under no_grad; the tensors saved for
+    backward shrink (one layer's input kept instead of its intermediates); a deep copy (the reference) keeps
+    it; a model without transformers decoder layers is refused by name."""
+    from lit_credit.models.logprobs import token_logprobs
+    from lit_credit.models.policy import checkpoint_layers
+
+    built = tiny_source(tmp_path / "cache").prepare()
+    plain = PolicySource(path=built).load()[0].eval()
+    ckpt = PolicySource(path=built, activation_checkpointing=True).load()[0].eval()
+    assert type(ckpt.model.layers[0]).__name__ == "CheckpointedLlamaDecoderLayer"
+    assert type(copy.deepcopy(ckpt).model.layers[0]) is type(ckpt.model.layers[0])
+    ids = torch.randint(3, plain.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+
+    def run(model, grad=True):
+        calls, saved = [], []
+        hook = model.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+            with torch.set_grad_enabled(grad):
+                logp, _ = token_logprobs(model, ids, mask, entropy=False)
+                if grad:
+                    model.zero_grad(set_to_none=True)
+                    (logp * mask).sum().backward()
+        hook.remove()
+        return logp.detach(), [p.grad for p in model.parameters()] if grad else None, len(calls), sum(saved)
+
+    logp_plain, grads_plain, calls_plain, saved_plain = run(plain)
+    logp_ckpt, grads_ckpt, calls_ckpt, saved_ckpt = run(ckpt)
+    torch.testing.assert_close(logp_ckpt, logp_plain, rtol=0, atol=0)
+    for a, b in zip(grads_ckpt, grads_plain):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert (calls_plain, calls_ckpt) == (1, 2)
+    assert saved_ckpt < saved_plain
+    assert run(ckpt, grad=False)[2] == 1
+    with pytest.raises(ValueError, match="model.activation_checkpointing"):
+        checkpoint_layers(torch.nn.Linear(2, 2))
