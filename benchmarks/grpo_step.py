@@ -100,8 +100,9 @@ DIFFERENCES = [
     "lengths) differ; in eos8 compare the generated-token columns, in fixedN every completion has exactly N "
     "tokens.",
     "Frameworks' own loop costs are included on purpose: Lightning's fit loop (manual optimisation, hooks) vs"
-    " HF Trainer + accelerate (CPU, no DDP); no checkpointing, no validation/eval, no gradient checkpointing "
-    "(TRL's default of True switched off), fp32 (TRL's bf16 default switched off), no vLLM.",
+    " HF Trainer + accelerate (CPU, no DDP); no checkpointing, no validation/eval, gradient checkpointing on "
+    "both sides with --activation-checkpointing and off on both otherwise (TRL's default is on), fp32 (TRL's "
+    "bf16 default switched off), no vLLM.",
     "Imports differ (Lightning + Hydra vs HF Trainer + TRL + accelerate), which shows in the RSS at the start"
     " of training; the 'train peak' column is the peak RSS reached during fit after that start.",
     "Threads: both children run with the same torch intra-op thread count (torch's default, or --threads). "
@@ -158,6 +159,7 @@ def compose(setting: dict[str, Any], steps: int, model_dir: str | None, output_d
         "method.lr_scheduler=null",  # constant LR on both sides (TRL: lr_scheduler_type="constant")
         "method.num_minibatches=1",  # one optimiser update per rollout batch (TRL: steps_per_generation=1)
         *MODELS[shape["model"]]["overrides"],
+        *(["model.activation_checkpointing=true"] if shape["activation_checkpointing"] else []),
         f"data.prompts_per_step={shape['prompts']}", f"data.sampling.n={shape['group']}",
         f"trainer.max_steps={steps}", "+trainer.enable_progress_bar=false",
         "+trainer.enable_checkpointing=false", "+trainer.limit_val_batches=0",
@@ -311,7 +313,7 @@ def child_trl(setting: dict[str, Any], steps: int, model_dir: str | None, workdi
     rows = shape["micro_rows"] or data.prompts_per_step * sampling.n  # rows per forward + backward
     args = GRPOConfig(
         output_dir=workdir, max_steps=steps, seed=cfg.seed, use_cpu=True, bf16=False, fp16=False,
-        gradient_checkpointing=False, report_to="none", logging_steps=1, save_strategy="no",
+        gradient_checkpointing=shape["activation_checkpointing"], report_to="none", logging_steps=1, save_strategy="no",
         eval_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
         per_device_train_batch_size=rows, gradient_accumulation_steps=data.prompts_per_step * sampling.n // rows,
         num_generations=sampling.n, num_iterations=1, max_completion_length=sampling.max_new_tokens,
@@ -499,6 +501,8 @@ def parent(ns: argparse.Namespace) -> None:
                            "--group", str(shape["group"])]
                     if shape["micro_rows"]:
                         cmd += ["--micro-rows", str(shape["micro_rows"])]
+                    if shape["activation_checkpointing"]:
+                        cmd += ["--activation-checkpointing"]
                     if ns.threads:
                         cmd += ["--threads", str(ns.threads)]
                     if dirs[s["name"]] is not None:
@@ -538,6 +542,7 @@ def parent(ns: argparse.Namespace) -> None:
                      "model": shape["model"], "prompts_per_step": shape["prompts"], "group_size": shape["group"],
                      "completions_per_step": shape["prompts"] * shape["group"],
                      "update_micro_batch_rows": shape["micro_rows"] or shape["prompts"] * shape["group"],
+                     "activation_checkpointing": shape["activation_checkpointing"],
                      "step_time": "wall time between consecutive step ends (Lightning on_train_batch_end / "
                                   "HF on_step_end); CPU s/step: process CPU time (all threads) over the same "
                                   "interval",
@@ -570,8 +575,11 @@ def parent(ns: argparse.Namespace) -> None:
 def resolve_shape(ns: argparse.Namespace) -> dict[str, Any]:
     """The model and the prompts x group of a step: the flags, else the model's defaults."""
     defaults = MODELS[ns.model]
+    completions = (ns.prompts or defaults["prompts"]) * (ns.group or defaults["group"])
+    if ns.micro_rows is not None and not (0 < ns.micro_rows <= completions and completions % ns.micro_rows == 0):
+        raise SystemExit(f"--micro-rows {ns.micro_rows}: must divide the {completions} completions of a step")
     return {"model": ns.model, "prompts": ns.prompts or defaults["prompts"], "group": ns.group or defaults["group"],
-            "micro_rows": ns.micro_rows}
+            "micro_rows": ns.micro_rows, "activation_checkpointing": ns.activation_checkpointing}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -590,6 +598,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", type=Path, help="where to write the results (default: benchmarks/results/"
                    "grpo_step.json; with --model smollm2, grpo_step_smollm2.json)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads in both children (default: torch's)")
+    p.add_argument("--activation-checkpointing", action="store_true", help="both sides recompute each decoder "
+                   "layer in backward (lit-credit: model.activation_checkpointing=true; TRL: gradient_checkpointing)")
     p.add_argument("--micro-rows", type=int, help="rows per forward + backward of the update, gradients accumulated "
                    "over the step's micro-batches (lit-credit: method.logprob_token_budget = K x the step's width; "
                    "TRL: per_device_train_batch_size = K, gradient_accumulation_steps = completions / K); "

@@ -155,11 +155,17 @@ def single(experience, cache_dir):
 
 @pytest.mark.parametrize("trainer, extra", [("ddp_cpu", ()), ("fsdp2_cpu", ()),
                                             ("fsdp2_cpu", ("model.head_chunk_tokens=7",)),
-                                            ("fsdp2_cpu", ("model.activation_checkpointing=true",))],
-                         ids=["ddp_cpu", "fsdp2_cpu", "fsdp2_cpu-chunked_head", "fsdp2_cpu-activation_checkpointing"])
+                                            ("fsdp2_cpu", ("model.activation_checkpointing=true",)),
+                                            ("ddp_cpu", ("method.logprob_token_budget=32",)),
+                                            ("fsdp2_cpu", ("method.logprob_token_budget=32",))],
+                         ids=["ddp_cpu", "fsdp2_cpu", "fsdp2_cpu-chunked_head", "fsdp2_cpu-activation_checkpointing",
+                              "ddp_cpu-micro_batches", "fsdp2_cpu-micro_batches"])
 def test_two_processes_match_one(trainer, extra, experience, single, cache_dir):
     """Also the chunked LM head under FSDP2 (the head runs inside the sharded root's forward, so its weight is
-    unsharded there and again for the backward) against one process with the model's own logits."""
+    unsharded there and again for the backward) against one process with the model's own logits, activation
+    checkpointing, and update micro-batches of at most 32 tokens (several per update on each rank; DDP
+    all-reduces at the last, FSDP2 reduce-scatters each, every rank running as many as the rank with the most)
+    against one process with one micro-batch."""
     one, one_state, one_s = single
     ranks, state, elapsed = run(trainer, experience, cache_dir, experience.parent / "_".join([trainer, *extra]).replace("=", "-"), *extra)
     assert len(ranks) == 2 and all(r["world_size"] == 2 for r in ranks)

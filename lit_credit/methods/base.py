@@ -1,6 +1,7 @@
 """What every method module shares: the policy and its frozen reference, log-probs, exact resume, FSDP2."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from typing import Any
@@ -123,7 +124,8 @@ class PolicyModule(L.LightningModule):
 
     def backward_by_micro_batch(self, batch: RolloutBatch, loss: PolicyLoss, advantages: torch.Tensor,
                                 mask: torch.Tensor, ref_logp: torch.Tensor | None, old_logp: torch.Tensor | None = None,
-                                scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+                                scale: float = 1.0, entropy: bool = True
+                                ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
         """Gradients of ``scale * loss(logp, old, advantages, mask, ref_logp)`` over the whole ``batch``
         (``old = old_logp``, or ``logp`` detached when None: one update per rollout batch), accumulated one
         :func:`~lit_credit.models.logprobs.length_buckets` micro-batch of rows at a time (at most
@@ -135,22 +137,48 @@ class PolicyModule(L.LightningModule):
         Exact because every row's loss terms depend on that row's log-probs alone (token and sequence ratios,
         KL; the aggregations' normalisers come from the mask): ``d loss / d logp_b`` is the same whichever rows
         are live, so the micro-batches' gradients sum to the whole batch's (float rounding aside).
-        Returns the detached log-probs and entropy of every row and the loss's metrics over all of them.
+        Several processes: every rank runs as many micro-batches as the rank with the most (the extra ones
+        re-run one row with weight 0), so the collectives of FSDP2 (all-gather, reduce-scatter) line up; under
+        DDP the gradients are all-reduced once, at the last micro-batch.
+        Returns the detached log-probs (and, with ``entropy``, the entropy) of every row and the loss's metrics
+        over all of them.
         """
         buckets = ([rows for rows, _ in length_buckets(batch.attention_mask, self.logprob_token_budget)]
                    if self.logprob_token_budget is not None else [torch.arange(len(batch), device=self.device)])
+        runs = self._micro_batch_count(len(buckets))
         logp = batch.behaviour_logprobs.detach().clone()
-        entropy = torch.zeros_like(logp)
-        for rows in buckets:
-            part, part_entropy = self._logprobs(self.policy, batch.select(rows), entropy=True)
+        entropies = torch.zeros_like(logp) if entropy else None
+        for k in range(runs):
+            rows = buckets[k] if k < len(buckets) else buckets[0][:1]  # a padding run: weight 0
+            part, part_entropy = self._logprobs(self.policy, batch.select(rows), entropy=entropy)
             live = logp.index_copy(0, rows, part)
             value, metrics = loss(live, live.detach() if old_logp is None else old_logp, advantages, mask, ref_logp)
-            self.manual_backward(scale * value)
-            logp[rows], entropy[rows] = part.detach(), part_entropy
+            with self._gradient_sync(k == runs - 1):
+                self.manual_backward((scale if k < len(buckets) else 0.0) * value)
+            if k < len(buckets):
+                logp[rows] = part.detach()
+                if entropy:
+                    entropies[rows] = part_entropy.detach()
         if len(buckets) != 1:  # the metrics of the whole batch (one bucket: the loss call above saw every row)
             with torch.no_grad():
                 metrics = loss(logp, logp if old_logp is None else old_logp, advantages, mask, ref_logp)[1]
-        return logp, entropy, metrics
+        return logp, entropies, metrics
+
+    def _micro_batch_count(self, local: int) -> int:
+        """The largest number of micro-batches over the ranks (``local`` in one process)."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return local
+        count = torch.tensor(local, device=self.device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        return int(count)
+
+    def _gradient_sync(self, on: bool):
+        """A context in which DDP all-reduces the gradients of a backward only when ``on`` (else it accumulates
+        them locally, ``no_sync``); a no-op otherwise (FSDP2 reduce-scatters every backward)."""
+        model = self.trainer.strategy.model if self._trainer is not None else None
+        if not on and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()
 
     @torch.no_grad()
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:

@@ -170,7 +170,8 @@ class DPAGRPOModule(PolicyModule):
         bonus = batch.extras.get("adv_bonus", torch.zeros(len(batch), device=self.device))
         advantages = credit.advantages + bonus[:, None] * mask
         weight = batch.extras.get("weight", torch.ones(len(batch), device=self.device))
-        return self.backward_by_micro_batch(batch, self.loss, advantages, mask * weight[:, None], ref, scale=scale)[2]
+        return self.backward_by_micro_batch(batch, self.loss, advantages, mask * weight[:, None], ref, scale=scale,
+                                            entropy=False)[2]
 
     def training_step(self, rows: list[dict[str, Any]], batch_idx: int) -> None:
         start = time.perf_counter()

@@ -49,9 +49,16 @@ def _checkpointed(cls: type) -> type:
     def forward(self, *args, **kwargs):
         if not torch.is_grad_enabled():
             return cls.forward(self, *args, **kwargs)
+        # no KV cache across a recompute (it would be written twice), as transformers' own checkpointing does
+        kwargs.update({k: None for k in ("past_key_values", "layer_past") if kwargs.get(k) is not None})
+        if kwargs.get("use_cache"):
+            kwargs["use_cache"] = False
         return checkpoint(cls.forward, self, *args, use_reentrant=False, **kwargs)
 
-    return type(f"Checkpointed{cls.__name__}", (cls,), {"forward": forward})
+    name = f"Checkpointed{cls.__name__}"
+    made = type(name, (cls,), {"forward": forward, "__module__": __name__, "__qualname__": name})
+    globals()[name] = made  # so a pickled model finds its class
+    return made
 
 
 class PolicySource:

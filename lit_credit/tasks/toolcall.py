@@ -768,12 +768,27 @@ class ToolCallTask(Task):
         if not distractors:
             return gold_conversation(row, self._gold_sim, self.max_response_chars)
         tool = rng.choice(distractors)
-        draw = self._draws("single", rng)
-        key = next(k for k in draw if k not in self._unseen_keys and _single_tool(k[0]) == tool)
+        for tries, key in enumerate(self._draws("single", rng), 1):
+            if key not in self._unseen_keys and _single_tool(key[0]) == tool:
+                break
+            if tries == 10_000 and not self._has_demonstrable_single(tool):
+                raise ValueError(f"task.wrong_tool_demonstrations: every single question of the distractor tool "
+                                 f"{tool!r} is held out (test split, or train with disjoint_demonstrations), so none "
+                                 "can stand in a wrong demonstration; raise task.values_per_slot, lower "
+                                 "task.num_test / task.num_train, or set task.wrong_tool_demonstrations=0")
         other = self.synthetic_row(key)
         demo = gold_conversation(other, self._gold_sim, self.max_response_chars)
         return {"messages": [dict(m) for m in row["prompt"]] + demo["messages"][len(other["prompt"]):],
                 "tools": parse_tools(row["tools"])}
+
+    def _has_demonstrable_single(self, tool: str) -> bool:
+        """Whether some ``single`` question calling ``tool`` is not held out (every value combination tried)."""
+        for t in TEMPLATES:
+            if t.subset == "single" and _single_tool(t.id) == tool:
+                for values in itertools.product(*(VOCAB[v][: self.values_per_slot] for _, v in t.slots)):
+                    if t.valid(values) and (t.id, values) not in self._unseen_keys:
+                        return True
+        return False
 
     def demonstrations(self, num: int, seed: int) -> Iterable[dict[str, Any]]:
         """Gold conversations ``{"messages", "tools"}`` (tools: a list of schema dicts), none from the test

@@ -126,7 +126,8 @@ def test_micro_batch_backward_gives_the_whole_batch_gradient(loss, make_cfg):
     log-probs only, and the aggregations' normalisers (token count, rows, max length) come from the mask.
     Old log-probs 0.3 N(0, 1) off the behaviour ones put the ratios at e^(+-0.3), so the clip binds on some
     tokens; a KL coefficient of 0.05 adds the KL term; random advantages. Each micro-batch is forwarded only
-    after the previous one's backward has reached the weights (F B F B ...), so one graph lives at a time."""
+    after the previous one's backward has reached the weights (F B F B ...), so one graph lives at a time. The
+    padding runs that line ranks up (one row again, weight 0) leave the gradients exactly as they are."""
     overrides = [o for o in STEP if not o.startswith("loss.kl_coef")]
     module, datamodule, trainer = build(make_cfg(*overrides, f"loss={loss}", "loss.kl_coef=0.05",
                                                  "method.num_minibatches=1"))
@@ -144,8 +145,9 @@ def test_micro_batch_backward_gives_the_whole_batch_gradient(loss, make_cfg):
                                             with_kwargs=True)
     params[0].register_post_accumulate_grad_hook(lambda p: events.append("B"))
 
-    def gradients(budget):
+    def gradients(budget, padding=0):
         module.logprob_token_budget = budget
+        module._micro_batch_count = lambda local: local + padding  # as if another rank had `padding` more
         module.policy.zero_grad(set_to_none=True)
         events.clear()
         logp, _, metrics = run(batch, module.loss, advantages, mask, ref, old)
@@ -153,7 +155,12 @@ def test_micro_batch_backward_gives_the_whole_batch_gradient(loss, make_cfg):
 
     whole, logp_whole, metrics_whole, events_whole = gradients(None)
     micro, logp_micro, metrics_micro, events_micro = gradients(1)
+    padded, logp_padded, _, events_padded = gradients(1, padding=2)
     assert events_whole == ["F", "B"] and events_micro == ["F", "B"] * len(batch)
+    assert events_padded == ["F", "B"] * (len(batch) + 2)  # two padding runs, weight 0: the same gradients
+    torch.testing.assert_close(logp_padded, logp_micro, rtol=0, atol=0)
+    for a, b in zip(padded, micro):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert metrics_whole["loss/clip_frac"] > 0  # the clip binds, so the test covers clipped tokens too
     torch.testing.assert_close(logp_micro * mask, logp_whole * mask, rtol=0, atol=1e-5)  # padding differs
     for a, b in zip(micro, whole):

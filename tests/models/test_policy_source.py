@@ -97,12 +97,12 @@ def test_activation_checkpointing_recomputes_each_layer_in_backward_with_the_sam
     def run(model, grad=True):
         calls, saved = [], []
         hook = model.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
-            with torch.set_grad_enabled(grad):
-                logp, _ = token_logprobs(model, ids, mask, entropy=False)
-                if grad:
-                    model.zero_grad(set_to_none=True)
-                    (logp * mask).sum().backward()
+        with (torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t),
+              torch.set_grad_enabled(grad)):
+            logp, _ = token_logprobs(model, ids, mask, entropy=False)
+            if grad:
+                model.zero_grad(set_to_none=True)
+                (logp * mask).sum().backward()
         hook.remove()
         return logp.detach(), [p.grad for p in model.parameters()] if grad else None, len(calls), sum(saved)
 
@@ -114,5 +114,5 @@ def test_activation_checkpointing_recomputes_each_layer_in_backward_with_the_sam
     assert (calls_plain, calls_ckpt) == (1, 2)
     assert saved_ckpt < saved_plain
     assert run(ckpt, grad=False)[2] == 1
-    with pytest.raises(ValueError, match="model.activation_checkpointing"):
+    with pytest.raises(ValueError, match=r"model\.activation_checkpointing"):
         checkpoint_layers(torch.nn.Linear(2, 2))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import random
 from collections import Counter
 
 import pyarrow as pa
@@ -605,3 +606,13 @@ def test_wrong_tool_demonstrations_call_a_distractor_at_the_asked_rate():
 def test_wrong_tool_demonstrations_outside_a_fraction_is_refused(value):
     with pytest.raises(ValueError, match=r"task\.wrong_tool_demonstrations"):
         ToolCallTask(subsets="single", wrong_tool_demonstrations=value)
+
+
+def test_wrong_tool_demonstrations_with_every_distractor_question_held_out_raise():
+    """values_per_slot=2 leaves 52 single questions and num_test = 52 holds out all of them, so a wrong
+    demonstration finds no question of any distractor tool to borrow: a named error, not a hang."""
+    task = ToolCallTask(num_train=0, num_test=52, subsets="single", values_per_slot=2, wrong_tool_demonstrations=0.5)
+    assert task.num_questions("single") == 52
+    row = task.dataset("test")[0]
+    with pytest.raises(ValueError, match=r"task\.wrong_tool_demonstrations: every single question"):
+        task.wrong_tool_demonstration(row, random.Random(0))
