@@ -3,6 +3,7 @@ never trains; the entry points prepare first."""
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -81,7 +82,7 @@ def test_activation_checkpointing_recomputes_each_layer_in_backward_with_the_sam
     the plain model's (same weights, same batch), each decoder layer's MLP is entered twice in a forward + backward
     (forward, then its recompute) against once without, and once under no_grad; the tensors saved for
     backward shrink (one layer's input kept instead of its intermediates); a deep copy (the reference) keeps
-    it; a model without transformers decoder layers is refused by name."""
+    it, and so does a pickled copy; a model without transformers decoder layers is refused by name."""
     from lit_credit.models.logprobs import token_logprobs
     from lit_credit.models.policy import checkpoint_layers
 
@@ -90,6 +91,7 @@ def test_activation_checkpointing_recomputes_each_layer_in_backward_with_the_sam
     ckpt = PolicySource(path=built, activation_checkpointing=True).load()[0].eval()
     assert type(ckpt.model.layers[0]).__name__ == "CheckpointedLlamaDecoderLayer"
     assert type(copy.deepcopy(ckpt).model.layers[0]) is type(ckpt.model.layers[0])
+    assert type(pickle.loads(pickle.dumps(ckpt)).model.layers[0]) is type(ckpt.model.layers[0])
     ids = torch.randint(3, plain.config.vocab_size, (3, 12), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[1, 8:] = 0
