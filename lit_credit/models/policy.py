@@ -43,7 +43,7 @@ def checkpoint_layers(model: torch.nn.Module) -> int:
 @functools.cache
 def _checkpointed(cls: type) -> type:
     """``cls`` whose forward is recomputed in backward when gradients are on (:func:`checkpoint_layers`)."""
-    if cls.__name__.startswith("Checkpointed"):
+    if getattr(cls, "checkpointed_layer", False):  # already made so
         return cls
 
     def forward(self, *args, **kwargs):
@@ -56,7 +56,8 @@ def _checkpointed(cls: type) -> type:
         return checkpoint(cls.forward, self, *args, use_reentrant=False, **kwargs)
 
     name = f"Checkpointed{cls.__name__}"
-    made = type(name, (cls,), {"forward": forward, "__module__": __name__, "__qualname__": name})
+    made = type(name, (cls,), {"forward": forward, "checkpointed_layer": True, "__module__": __name__,
+                               "__qualname__": name})
     globals()[name] = made  # so a pickled model finds its class
     return made
 

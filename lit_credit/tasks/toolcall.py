@@ -751,22 +751,22 @@ class ToolCallTask(Task):
             t, v = self._template_values(key)
             row = self.synthetic_row(key)
             answer = t.answer(v) if t.answer is not None else None
-            demo = gold_conversation(row, self._gold_sim, self.max_response_chars, answer)
-            if t.gold is not None and self.wrong_tool_demonstrations and wrong_rng.random() < self.wrong_tool_demonstrations:
-                demo = self.wrong_tool_demonstration(row, wrong_rng)
-            yield row, demo
+            wrong = (t.gold is not None and self.wrong_tool_demonstrations
+                     and wrong_rng.random() < self.wrong_tool_demonstrations)
+            demo = wrong and self.wrong_tool_demonstration(row, wrong_rng)
+            yield row, demo or gold_conversation(row, self._gold_sim, self.max_response_chars, answer)
             made += 1
 
-    def wrong_tool_demonstration(self, row: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
+    def wrong_tool_demonstration(self, row: Mapping[str, Any], rng: random.Random) -> dict[str, Any] | None:
         """A demonstration of ``row`` by a demonstrator that picked the wrong tool: after the row's prompt,
         the gold conversation of another question, a ``single`` one whose tool is one of the row's distractors
         (chosen uniformly, then a question of that tool drawn with ``rng``): one call with that question's
         values (not copied from the row's), its tool response, and a summary of it. ``tools`` stay the row's.
-        A row that offers no distractor keeps its gold demonstration."""
+        None when the row offers no distractor (it keeps its gold demonstration)."""
         gold = {c["name"] for step in normalize_gold_calls(row["gold_tool_calls"]) for c in step}
         distractors = sorted(set(row["allowed_tools"]) - gold)
         if not distractors:
-            return gold_conversation(row, self._gold_sim, self.max_response_chars)
+            return None
         tool = rng.choice(distractors)
         for tries, key in enumerate(self._draws("single", rng), 1):
             if key not in self._unseen_keys and _single_tool(key[0]) == tool:
