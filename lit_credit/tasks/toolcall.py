@@ -383,12 +383,13 @@ def make_row(question: str, tools: Sequence[Mapping[str, Any]], gold: Any, subse
 
 
 def gold_conversation(row: Mapping[str, Any], simulator: ToolBackend, max_response_chars: int = 300,
-                      answer: str | None = None) -> dict[str, Any]:
+                      answer: str | None = None, plan: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """The gold demonstration of a row: prompt, then per gold step an assistant ``<tool_call>`` turn and the
     simulator's (truncated) tool messages, then a summary stating one fact per call
-    (:func:`~lit_credit.tasks.tool_catalog.fact`). Without gold calls the reply is ``answer``."""
+    (:func:`~lit_credit.tasks.tool_catalog.fact`). Without gold calls the reply is ``answer``. ``plan``
+    (normalised steps) demonstrates other calls than the row's gold ones, with the row's prompt and tools."""
     messages = [dict(m) for m in row["prompt"]]
-    gold = normalize_gold_calls(row["gold_tool_calls"])
+    gold = normalize_gold_calls(row["gold_tool_calls"]) if plan is None else plan
     tools = parse_tools(row["tools"])
     if not gold:
         if answer is None:
@@ -557,8 +558,9 @@ class ToolCallTask(Task):
     the train keys too: the RL prompts are then as new to an SFT start as the held-out ones (with a small
     ``values_per_slot`` an SFT start otherwise memorises the train questions and RL has nothing left there).
     ``wrong_tool_demonstrations=p`` makes the demonstrator noisy: a fraction p of the demonstrations of
-    questions with gold calls answer with a wrong call instead (:meth:`wrong_tool_demonstration`), so an SFT
-    start picks the right tool about ``1 - p`` of the time and RL has a tool choice to sharpen.
+    questions with gold calls call a distractor at one of their steps instead, after the gold steps before it
+    (:meth:`wrong_tool_demonstration`; on n-step questions each step is the wrong one in a fraction p / n),
+    so an SFT start picks the right tool less often and RL has a tool choice to sharpen.
 
     Parquet mode (``parquet_path``): rows from :func:`load_toucan_parquet`; an explicit ``subsets`` keeps
     the rows whose ``subset`` is named (weights ignored). The test split is ``test_parquet_path`` if given,
@@ -758,15 +760,17 @@ class ToolCallTask(Task):
             made += 1
 
     def wrong_tool_demonstration(self, row: Mapping[str, Any], rng: random.Random) -> dict[str, Any] | None:
-        """A demonstration of ``row`` by a demonstrator that picked the wrong tool: after the row's prompt,
-        the gold conversation of another question, a ``single`` one whose tool is one of the row's distractors
-        (chosen uniformly, then a question of that tool drawn with ``rng``): one call with that question's
-        values (not copied from the row's), its tool response, and a summary of it. ``tools`` stay the row's.
-        None when the row offers no distractor (it keeps its gold demonstration)."""
-        gold = {c["name"] for step in normalize_gold_calls(row["gold_tool_calls"]) for c in step}
-        distractors = sorted(set(row["allowed_tools"]) - gold)
+        """A demonstration of ``row`` by a demonstrator that picks the wrong tool at one step: at step k (uniform
+        over the row's gold steps, drawn with ``rng`` only when there are several), after the gold steps before
+        it, it calls one of the row's distractors (uniform) with the values of a ``single`` question of that tool
+        drawn with ``rng`` (not copied from the row's), gets its tool response, and summarises every call it
+        made (one fact each). Prompt and ``tools`` stay the row's. None when the row offers no distractor (it
+        keeps its gold demonstration)."""
+        gold = normalize_gold_calls(row["gold_tool_calls"])
+        distractors = sorted(set(row["allowed_tools"]) - {c["name"] for step in gold for c in step})
         if not distractors:
             return None
+        k = rng.randrange(len(gold)) if len(gold) > 1 else 0
         tool = rng.choice(distractors)
         for tries, key in enumerate(self._draws("single", rng), 1):
             if key not in self._unseen_keys and _single_tool(key[0]) == tool:
@@ -776,10 +780,8 @@ class ToolCallTask(Task):
                                  f"{tool!r} is held out (test split, or train with disjoint_demonstrations), so none "
                                  "can stand in a wrong demonstration; raise task.values_per_slot, lower "
                                  "task.num_test / task.num_train, or set task.wrong_tool_demonstrations=0")
-        other = self.synthetic_row(key)
-        demo = gold_conversation(other, self._gold_sim, self.max_response_chars)
-        return {"messages": [dict(m) for m in row["prompt"]] + demo["messages"][len(other["prompt"]):],
-                "tools": parse_tools(row["tools"])}
+        wrong_step = normalize_gold_calls(self.synthetic_row(key)["gold_tool_calls"])[0]
+        return gold_conversation(row, self._gold_sim, self.max_response_chars, plan=[*gold[:k], wrong_step])
 
     def _has_demonstrable_single(self, tool: str) -> bool:
         """Whether some ``single`` question calling ``tool`` is not held out (every value combination tried)."""

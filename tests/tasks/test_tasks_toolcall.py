@@ -602,6 +602,42 @@ def test_wrong_tool_demonstrations_call_a_distractor_at_the_asked_rate():
         d for _, d in clean[:50]]
 
 
+def test_wrong_tool_demonstrations_on_chains_go_wrong_at_one_uniform_step():
+    """Chains have 2 or 3 steps and, with max_distractors=1, exactly one distractor per prompt. At p = 0.6 over
+    600 demonstrations a wrong one keeps the gold steps before its wrong step k, then calls the distractor with
+    its simulator response, and summarises every call made (one fact each); nothing follows the wrong call.
+    k is uniform over the steps: among the m wrong 3-step demonstrations each k is Binomial(m, 1/3), sd
+    sqrt(2m/9), so each count lies within m/3 +- 4 sd (and likewise m/2 +- 4 sqrt(m/4) for 2-step ones).
+    The wrong count is Binomial(600, 0.6): mean 360, sd 12; 312..408 is +-4 sd. p=0 stays the gold stream."""
+    kwargs = dict(num_train=120, num_test=30, subsets={"chain": 1.0}, max_distractors=1, max_turns=4)
+    noisy = list(ToolCallTask(**kwargs, wrong_tool_demonstrations=0.6).demonstration_rows(600, seed=0))
+    clean = list(ToolCallTask(**kwargs).demonstration_rows(600, seed=0))
+    sim, wrong_at = ToolSimulator(), {2: Counter(), 3: Counter()}
+    for (row, demo), (clean_row, clean_demo) in zip(noisy, clean):
+        assert row == clean_row
+        if demo == clean_demo:
+            continue
+        gold = normalize_gold_calls(row["gold_tool_calls"])
+        (distractor,) = set(row["allowed_tools"]) - {c["name"] for step in gold for c in step}
+        turns = demo["messages"][len(row["prompt"]):]
+        calls = [json.loads(m["content"].removeprefix("<tool_call>").removesuffix("</tool_call>"))
+                 for m in turns[:-1:2]]
+        k = len(calls) - 1
+        assert [m["role"] for m in turns] == ["assistant", "tool"] * (k + 1) + ["assistant"]
+        assert calls[:k] == [{"name": s[0]["name"], "arguments": s[0]["arguments"]} for s in gold[:k]]
+        assert calls[k]["name"] == distractor
+        responses = [m["content"] for m in turns[1::2]]
+        assert responses == [sim.respond(c) for c in calls]
+        assert turns[-1]["content"] == " ".join(fact(c["name"], c["arguments"], r) for c, r in zip(calls, responses))
+        assert demo["tools"] == clean_demo["tools"]
+        wrong_at[len(gold)][k] += 1
+    assert 312 <= sum(map(sum, (c.values() for c in wrong_at.values()))) <= 408
+    for n, counts in wrong_at.items():
+        m = sum(counts.values())
+        assert set(counts) == set(range(n)) and m > 50
+        assert all(abs(counts[k] - m / n) <= 4 * (m * (1 / n) * (1 - 1 / n)) ** 0.5 for k in range(n)), counts
+
+
 @pytest.mark.parametrize("value", [-0.1, 1.0, True])
 def test_wrong_tool_demonstrations_outside_a_fraction_is_refused(value):
     with pytest.raises(ValueError, match=r"task\.wrong_tool_demonstrations"):
