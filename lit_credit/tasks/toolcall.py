@@ -558,7 +558,8 @@ class ToolCallTask(Task):
     the train keys too: the RL prompts are then as new to an SFT start as the held-out ones (with a small
     ``values_per_slot`` an SFT start otherwise memorises the train questions and RL has nothing left there).
     ``wrong_tool_demonstrations=p`` makes the demonstrator noisy: a fraction p of the demonstrations of
-    questions with gold calls call a distractor at one of their steps instead, after the gold steps before it
+    questions with gold calls and a distractor in the prompt (irrelevant ones never; synthetic mode only) call
+    a distractor at one of their steps instead, after the gold steps before it
     (:meth:`wrong_tool_demonstration`; on n-step questions each step is the wrong one in a fraction p / n),
     so an SFT start picks the right tool less often and RL has a tool choice to sharpen.
 
@@ -593,6 +594,10 @@ class ToolCallTask(Task):
                              "[0, 1) (0: every demonstration calls the gold tools)")
         if parquet_path is None and num_train is None:
             raise ValueError("task.num_train=None is only allowed with task.parquet_path (all rows)")
+        if parquet_path is not None and wrong_tool_demonstrations:
+            raise ValueError(f"task.wrong_tool_demonstrations={wrong_tool_demonstrations}: parquet demonstrations are "
+                             "the rows' gold conversations; the noisy demonstrator needs synthetic questions (set it "
+                             "to 0 with task.parquet_path)")
         self.parquet_mode = parquet_path is not None
         self.weights = _subset_weights(subsets) if not self.parquet_mode else (
             None if subsets is None else {str(s): 1.0 for s in _names(subsets)})
@@ -606,6 +611,9 @@ class ToolCallTask(Task):
         self.values_per_slot = values_per_slot
         self.disjoint_demonstrations = bool(disjoint_demonstrations)
         self.wrong_tool_demonstrations = float(wrong_tool_demonstrations)
+        # Enters the SFT cache key only when the noisy demonstrator is on (None is left out of the key), so a
+        # warm start built by an earlier demonstrator (one wrong call replacing a whole plan) is not reused.
+        self.wrong_demonstrator_version = 2 if self.wrong_tool_demonstrations else None
         self.catalog_version = CATALOG_VERSION
         self.simulator = simulator if simulator is not None else ToolSimulator()
         self._gold_sim = ToolSimulator()  # gold plans always come from the deterministic simulator

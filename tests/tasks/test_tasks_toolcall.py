@@ -608,13 +608,21 @@ def test_wrong_tool_demonstrations_on_chains_go_wrong_at_one_uniform_step():
     its simulator response, and summarises every call made (one fact each); nothing follows the wrong call.
     k is uniform over the steps: among the m wrong 3-step demonstrations each k is Binomial(m, 1/3), sd
     sqrt(2m/9), so each count lies within m/3 +- 4 sd (and likewise m/2 +- 4 sqrt(m/4) for 2-step ones).
-    The wrong count is Binomial(600, 0.6): mean 360, sd 12; 312..408 is +-4 sd. p=0 stays the gold stream."""
+    The wrong count is Binomial(600, 0.6): mean 360, sd 12; 312..408 is +-4 sd. The wrong call is the gold
+    call of some `single` question of the distractor (its values are borrowed, not the row's); p=0 stays the
+    gold stream."""
     kwargs = dict(num_train=120, num_test=30, subsets={"chain": 1.0}, max_distractors=1, max_turns=4)
-    noisy = list(ToolCallTask(**kwargs, wrong_tool_demonstrations=0.6).demonstration_rows(600, seed=0))
+    task = ToolCallTask(**kwargs, wrong_tool_demonstrations=0.6)
+    noisy = list(task.demonstration_rows(600, seed=0))
     clean = list(ToolCallTask(**kwargs).demonstration_rows(600, seed=0))
+    singles = {json.dumps(step[0], sort_keys=True)
+               for t in TEMPLATES if t.subset == "single"
+               for values in itertools.product(*(VOCAB[v] for _, v in t.slots)) if t.valid(values)
+               for step in normalize_gold_calls(task.synthetic_row((t.id, values))["gold_tool_calls"])}
     sim, wrong_at = ToolSimulator(), {2: Counter(), 3: Counter()}
     for (row, demo), (clean_row, clean_demo) in zip(noisy, clean):
         assert row == clean_row
+        assert clean_demo == gold_conversation(row, sim)
         if demo == clean_demo:
             continue
         gold = normalize_gold_calls(row["gold_tool_calls"])
@@ -625,7 +633,7 @@ def test_wrong_tool_demonstrations_on_chains_go_wrong_at_one_uniform_step():
         k = len(calls) - 1
         assert [m["role"] for m in turns] == ["assistant", "tool"] * (k + 1) + ["assistant"]
         assert calls[:k] == [{"name": s[0]["name"], "arguments": s[0]["arguments"]} for s in gold[:k]]
-        assert calls[k]["name"] == distractor
+        assert calls[k]["name"] == distractor and json.dumps(calls[k], sort_keys=True) in singles
         responses = [m["content"] for m in turns[1::2]]
         assert responses == [sim.respond(c) for c in calls]
         assert turns[-1]["content"] == " ".join(fact(c["name"], c["arguments"], r) for c, r in zip(calls, responses))
@@ -636,6 +644,39 @@ def test_wrong_tool_demonstrations_on_chains_go_wrong_at_one_uniform_step():
         m = sum(counts.values())
         assert set(counts) == set(range(n)) and m > 50
         assert all(abs(counts[k] - m / n) <= 4 * (m * (1 / n) * (1 - 1 / n)) ** 0.5 for k in range(n)), counts
+
+
+def test_a_wrong_parallel_step_becomes_one_distractor_call():
+    """A parallel question has one step of two calls; its wrong demonstration replaces that step with one call
+    of a distractor (a JSON object, not a list), its response and its fact; the right ones are gold."""
+    kwargs = dict(num_train=60, num_test=20, subsets="parallel", max_distractors=1)
+    noisy = ToolCallTask(**kwargs, wrong_tool_demonstrations=0.5).demonstration_rows(100, seed=0)
+    wrong = 0
+    for (row, demo), (_, clean_demo) in zip(noisy, ToolCallTask(**kwargs).demonstration_rows(100, seed=0)):
+        if demo == clean_demo:
+            continue
+        wrong += 1
+        call = json.loads(demo["messages"][1]["content"].removeprefix("<tool_call>").removesuffix("</tool_call>"))
+        gold_names = {c["name"] for c in normalize_gold_calls(row["gold_tool_calls"])[0]}
+        assert isinstance(call, dict) and call["name"] in set(row["allowed_tools"]) - gold_names
+        assert [m["role"] for m in demo["messages"]] == ["user", "assistant", "tool", "assistant"]
+        assert demo["messages"][3]["content"] == fact(call["name"], call["arguments"], demo["messages"][2]["content"])
+    assert 30 <= wrong <= 70  # Binomial(100, 0.5): mean 50, sd 5, +-4 sd
+
+
+def test_wrong_tool_demonstrations_need_synthetic_questions(tmp_path):
+    with pytest.raises(ValueError, match=r"task\.wrong_tool_demonstrations=0\.5: parquet"):
+        ToolCallTask(parquet_path=tmp_path / "rows.parquet", wrong_tool_demonstrations=0.5)
+
+
+def test_the_noisy_demonstrator_enters_the_sft_cache_key_only_when_on():
+    """p = 0 keeps the key it had before the demonstrator existed (no new field); p > 0 keys the
+    demonstrator's version, so a warm start from an earlier wrong-demonstration recipe is not reused."""
+    from lit_credit.models.embedded import _task_identity
+
+    kwargs = dict(num_train=20, num_test=5, subsets="single")
+    assert "wrong_demonstrator_version" not in _task_identity(ToolCallTask(**kwargs))
+    assert _task_identity(ToolCallTask(**kwargs, wrong_tool_demonstrations=0.5))["wrong_demonstrator_version"] == 2
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.0, True])
