@@ -572,6 +572,11 @@ def test_toucan_parquet_loader(tmp_path):
         next(iter(flat_only.demonstrations(1, seed=0)))
 
 
+def _call_json(message):
+    """The JSON inside an assistant turn's ``<tool_call>`` block (an object, or a list when parallel)."""
+    return json.loads(message["content"].removeprefix("<tool_call>").removesuffix("</tool_call>"))
+
+
 def test_wrong_tool_demonstrations_call_a_distractor_at_the_asked_rate():
     """wrong_tool_demonstrations=0.4 over 500 single-call demonstrations: each demonstration is wrong with
     probability 0.4 (an independent draw), so the wrong count is Binomial(500, 0.4): mean 200, sd
@@ -585,7 +590,7 @@ def test_wrong_tool_demonstrations_call_a_distractor_at_the_asked_rate():
     for (row, demo), (clean_row, clean_demo) in zip(noisy.demonstration_rows(500, seed=0), clean):
         assert row == clean_row  # the questions are the same draw; only the replies differ
         gold = normalize_gold_calls(row["gold_tool_calls"])[0][0]
-        call = json.loads(demo["messages"][1]["content"].removeprefix("<tool_call>").removesuffix("</tool_call>"))
+        call = _call_json(demo["messages"][1])
         assert demo["messages"][0] == row["prompt"][0] and [m["role"] for m in demo["messages"]] == [
             "user", "assistant", "tool", "assistant"]
         assert [t["function"]["name"] for t in demo["tools"]] == row["allowed_tools"]
@@ -628,8 +633,7 @@ def test_wrong_tool_demonstrations_on_chains_go_wrong_at_one_uniform_step():
         gold = normalize_gold_calls(row["gold_tool_calls"])
         (distractor,) = set(row["allowed_tools"]) - {c["name"] for step in gold for c in step}
         turns = demo["messages"][len(row["prompt"]):]
-        calls = [json.loads(m["content"].removeprefix("<tool_call>").removesuffix("</tool_call>"))
-                 for m in turns[:-1:2]]
+        calls = [_call_json(m) for m in turns[:-1:2]]
         k = len(calls) - 1
         assert [m["role"] for m in turns] == ["assistant", "tool"] * (k + 1) + ["assistant"]
         assert calls[:k] == [{"name": s[0]["name"], "arguments": s[0]["arguments"]} for s in gold[:k]]
@@ -656,7 +660,7 @@ def test_a_wrong_parallel_step_becomes_one_distractor_call():
         if demo == clean_demo:
             continue
         wrong += 1
-        call = json.loads(demo["messages"][1]["content"].removeprefix("<tool_call>").removesuffix("</tool_call>"))
+        call = _call_json(demo["messages"][1])
         gold_names = {c["name"] for c in normalize_gold_calls(row["gold_tool_calls"])[0]}
         assert isinstance(call, dict) and call["name"] in set(row["allowed_tools"]) - gold_names
         assert [m["role"] for m in demo["messages"]] == ["user", "assistant", "tool", "assistant"]
