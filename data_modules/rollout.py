@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lit_credit.backends import CountsSince, Retry
 from lit_credit.checkpoint import capture_rng, restore_rng
+from lit_credit.distributed import share, world
 from lit_credit.interfaces import Environment, Reward, RolloutEngine
 from lit_credit.rollout import Experience, HFEngine
 from lit_credit.tasks.base import Task
@@ -95,6 +96,11 @@ class RolloutDataModule(L.LightningDataModule):
     of the same stream inside a training step (DAPO's dynamic sampling); the dataloader never serves them, so
     no prompt is drawn twice within an epoch.
 
+    Several processes (data parallel): every rank iterates the same stream and is handed the step's whole
+    prompt batch; group ids are minted for all of it, identically on every rank, and each rank generates only
+    its contiguous share (:func:`~lit_credit.distributed.share`: whole groups, ``prompts_per_step`` must divide
+    by the world size); the stream's position and the group counter are the same on every rank. Validation rows are split the same way (as evenly as can be).
+
     Validation: the test split's first ``val_prompts`` rows (a fixed held-out set), greedy (``val_sampling``),
     and with ``val_samples > 0`` also ``val_samples`` samples per prompt at temperature 1, top-p 1
     (``val_sampled``, :meth:`sampled_validation`, isolated from the training RNG); ``val_success`` is the
@@ -131,6 +137,7 @@ class RolloutDataModule(L.LightningDataModule):
                                           max_new_tokens=sampling.max_new_tokens) if val_samples else None
         self.backend_counts = CountsSince()  # backend/* failures since the last training step
         self.next_group = 0
+        self.rank, self.world_size = 0, 1  # this process's data-parallel rank (setup)
         self.position: dict[str, Any] = {"next_batch": 0, "pending": []}  # PromptStream's, shared and saved
 
     # The experience layer's (``datamodule.experience.<name>``): setting one here would be silently ignored.
@@ -156,6 +163,12 @@ class RolloutDataModule(L.LightningDataModule):
         return self.experience.env
 
     def setup(self, stage: str | None = None) -> None:
+        self.rank, self.world_size = world()
+        if self.prompts_per_step % self.world_size:
+            raise ValueError(f"data.prompts_per_step={self.prompts_per_step} does not divide over {self.world_size} "
+                             "processes (each rank draws whole prompt groups, an equal share); fix: a multiple of "
+                             f"{self.world_size}, e.g. data.prompts_per_step="
+                             f"{max(self.world_size, self.prompts_per_step // self.world_size * self.world_size)}")
         self.train_set = self.task.dataset("train")
         test = self.task.dataset("test")
         self.val_set = test.select(range(min(self.val_prompts, len(test))))
@@ -215,7 +228,7 @@ class RolloutDataModule(L.LightningDataModule):
         state = capture_rng(sources, self)
         torch.manual_seed(self.seed)
         try:
-            return self.experience.rollouts(rows, list(range(len(rows))), self.val_sampled)
+            return self._share(rows, list(range(len(rows))), self.val_sampled)
         finally:
             restore_rng(state, sources, self)
 
@@ -227,6 +240,11 @@ class RolloutDataModule(L.LightningDataModule):
         return self._experience(self.stream.draw(), self.sampling)
 
     def _experience(self, rows: list[dict[str, Any]], sampling: SamplingParams) -> RolloutBatch:
+        """This rank's share of the rollouts of ``rows`` (every rank's rows), group ids minted for all of them."""
         groups = list(range(self.next_group, self.next_group + len(rows)))
         self.next_group += len(rows)
-        return self.experience.rollouts(rows, groups, sampling)
+        return self._share(rows, groups, sampling)
+
+    def _share(self, rows: list[dict[str, Any]], groups: list[int], sampling: SamplingParams) -> RolloutBatch:
+        mine = share(len(rows), self.rank, self.world_size)
+        return self.experience.rollouts(rows[mine], groups[mine], sampling)

@@ -21,8 +21,6 @@ import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-RUN_MARKERS = ("checkpoints", "tensorboard", "records", "csv", ".hydra")
-
 
 def _private_generators(sources: dict[str, Any], datamodule: Any) -> dict[str, random.Random | torch.Generator]:
     """Every ``random.Random`` / ``torch.Generator`` attribute of ``sources`` (name -> object: the module and
@@ -88,16 +86,3 @@ def atomic_checkpoints(trainer: Any) -> None:
     """Make ``trainer`` write checkpoints through :class:`AtomicCheckpointIO` (unless it has its own IO)."""
     if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
         trainer.strategy.checkpoint_io = AtomicCheckpointIO()
-
-
-def claim_run_dir(output_dir: str | os.PathLike[str], resuming: bool) -> None:
-    """Refuse to start a new run in a directory that already holds one (checkpoints, logs, records, configs).
-
-    Resuming (``ckpt_path`` set) may continue in its own directory; anything else needs a new one.
-    """
-    found = [m for m in RUN_MARKERS if (Path(output_dir) / m).exists()]
-    if found and not resuming:
-        raise FileExistsError(
-            f"paths.output_dir={output_dir} already holds a run ({', '.join(found)}); nothing was written. Fix: "
-            f"resume it with ckpt_path={Path(output_dir) / 'checkpoints' / 'last.ckpt'}, or start a new run in "
-            "another directory (hydra.run.dir=...)")

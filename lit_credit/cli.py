@@ -7,7 +7,8 @@ from __future__ import annotations
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from data_modules import RolloutDataModule
-from lit_credit.checkpoint import atomic_checkpoints, claim_run_dir
+from lit_credit.checkpoint import atomic_checkpoints
+from lit_credit.distributed import claim_run_dir
 from lit_credit.methods import GRPOModule
 from lit_credit.models import PolicySource
 

@@ -1,7 +1,7 @@
 """Checks of a composed run config that no single constructor can make: one-line errors naming key and fix.
 
 Unknown group options (``method=``, ``credit=``, ``loss=``, ``augment=``, ``metrics=``, ``task=``, ``rollout=``, ...) are Hydra's to refuse; it lists
-the valid ones. What is checked here: the group size, the split of a step's rollouts into minibatches, the
+the valid ones. What is checked here: the group size, the split of a step's prompts over the processes, the split of a step's rollouts into minibatches, the
 dynamic-sampling draw cap, sampling limits, and limits that cannot hold together (a completion longer than the
 engine's context, validation without validation prompts).
 """
@@ -30,6 +30,13 @@ def check_config(cfg: DictConfig) -> None:
              "at least 2", "set data.sampling.n=2 or more (8 is usual)")
     _require(prompts >= 1, "data.prompts_per_step", prompts, "a step needs at least one prompt",
              "set data.prompts_per_step=1 or more")
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes") or 1
+    if isinstance(devices, int) and isinstance(nodes, int) and devices * nodes > 1:
+        ranks = devices * nodes
+        _require(prompts % ranks == 0, "data.prompts_per_step", prompts, f"does not divide over the {ranks} "
+                 f"processes (trainer.devices={devices} x trainer.num_nodes={nodes}; each rank samples an equal "
+                 "share of whole prompt groups)", f"use a multiple of {ranks}, e.g. "
+                 f"data.prompts_per_step={max(ranks, prompts // ranks * ranks)}")
     epochs, minibatches = method.get("ppo_epochs", 1), method.get("num_minibatches", 1)
     _require(epochs >= 1, "method.ppo_epochs", epochs, "must be >= 1", "set method.ppo_epochs=1")
     rollouts = prompts * n

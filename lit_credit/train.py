@@ -1,17 +1,23 @@
 """Hydra entry point: ``lit-credit [overrides]``; ``train(cfg)`` is importable (tests and notebooks)."""
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import hydra
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from lit_credit.checkpoint import atomic_checkpoints, atomic_write, claim_run_dir
+from lit_credit.checkpoint import atomic_checkpoints, atomic_write
 from lit_credit.config import check_config
+from lit_credit.distributed import LAUNCH_VARIABLES, claim_run_dir
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 log = logging.getLogger(__name__)
@@ -25,6 +31,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningModule, L.LightningDataModule, L.
     the embedded policy's SFT warm start on a cold cache) before the module, which receives that same source
     object in place of ``method.policy`` (``${model}``) and only loads from it."""
     check_config(cfg)
+    fill_data_parallel_size(cfg)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
     source = instantiate(cfg.model)
@@ -48,22 +55,89 @@ def record_config(cfg: DictConfig, output_dir: Path) -> None:
         atomic_write(output_dir / ".hydra" / name, lambda tmp, c=content: tmp.write_text(OmegaConf.to_yaml(c)))
 
 
+def fill_data_parallel_size(cfg: DictConfig) -> None:
+    """``trainer.strategy.data_parallel_size: null`` (FSDP2's ``ModelParallelStrategy``) becomes
+    ``trainer.devices x trainer.num_nodes``: every process one data-parallel rank, on any number of nodes."""
+    strategy = cfg.trainer.get("strategy")
+    if isinstance(strategy, DictConfig) and "data_parallel_size" in strategy and strategy.data_parallel_size is None:
+        with open_dict(cfg):
+            strategy.data_parallel_size = int(cfg.trainer.devices) * int(cfg.trainer.get("num_nodes") or 1)
+
+
+def resume_path(cfg: DictConfig) -> str | None:
+    """The checkpoint to continue from: ``ckpt_path``, else with ``resume=auto`` the run directory's
+    ``last.ckpt`` (in ``callbacks.checkpoint.dirpath``) when it exists (a requeued job continues), else None."""
+    if cfg.get("ckpt_path"):
+        return str(cfg.ckpt_path)
+    resume = cfg.get("resume")
+    if resume not in (None, "auto"):
+        raise ValueError(f"resume={resume}: use resume=auto (continue from the run directory's last.ckpt when "
+                         "there is one) or resume=null, or give ckpt_path=... for one checkpoint")
+    checkpoint = (cfg.get("callbacks") or {}).get("checkpoint") or {}
+    last = Path(checkpoint.get("dirpath") or Path(cfg.paths.output_dir) / "checkpoints") / "last.ckpt"
+    return str(last) if resume == "auto" and last.is_file() else None
+
+
+@contextlib.contextmanager
+def launch_scope() -> Iterator[None]:
+    """Where Lightning may start the other ranks of this run, and what it leaves behind undone afterwards.
+
+    Under Hydra, Lightning re-runs ``sys.argv`` for each rank it starts, adding ``hydra.run.dir=<run.dir>``: a
+    sweep's command line (``-m``, lists) would run the whole sweep again there, and a sweep job's ``run.dir``
+    is not its directory. So, inside, ``sys.argv`` is this job's own command (its overrides, one run) and
+    ``hydra.run.dir`` its output directory. Afterwards the launch variables Lightning exported into this process
+    (``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_PORT``, ...) and the process group are removed, so the next job of a
+    sweep starts its own ranks."""
+    argv, env = list(sys.argv), {k: os.environ.get(k) for k in LAUNCH_VARIABLES}
+    grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
+    hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
+    job_dir = OmegaConf.select(hydra_cfg, "runtime.output_dir") if hydra_cfg is not None else None
+    if job_dir is not None:  # a Hydra run (a composed config without a runtime, as in tests, has none)
+        sys.argv = [argv[0], *hydra_flags(argv[1:]), *hydra_cfg.overrides.task]
+        with read_write(hydra_cfg), open_dict(hydra_cfg):
+            hydra_cfg.run.dir = job_dir
+    try:
+        yield
+    finally:
+        sys.argv = argv
+        if not grouped and torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def hydra_flags(args: list[str]) -> list[str]:
+    """The options of a Hydra command line that choose the config (``--config-dir/-cd``, ``--config-name/-cn``,
+    ``--config-path/-cp``, with their values), without ``-m`` and the overrides."""
+    names, kept, take = {"--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp"}, [], False
+    for arg in args:
+        if take or arg.split("=", 1)[0] in names:
+            kept.append(arg)
+            take = not take and "=" not in arg
+    return kept
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Claim the run directory, build everything from ``cfg``, optionally validate once (not when resuming),
-    fit; returns the final logged metrics."""
-    resuming = bool(cfg.get("ckpt_path"))
+    """Claim the run directory (the leading rank writes the run's record; the others join it), build everything
+    from ``cfg``, optionally validate once (not when resuming), fit; returns the final logged metrics."""
+    ckpt_path = resume_path(cfg)
     output_dir = Path(cfg.paths.output_dir)
-    claim_run_dir(output_dir, resuming)
-    if HydraConfig.initialized():
+    leader = claim_run_dir(output_dir, ckpt_path is not None)
+    if leader and HydraConfig.initialized():
         record_config(cfg, output_dir)
-    module, datamodule, trainer = build(cfg)
-    if cfg.get("validate_first") and not trainer.fast_dev_run and not resuming:
-        trainer.validate(module, datamodule=datamodule, verbose=False)
-    # weights_only=False: a lit-credit checkpoint also pickles hyperparameters (credit, loss) and RNG states;
-    # only load checkpoints you trust (your own runs).
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=False)
+    with launch_scope():
+        module, datamodule, trainer = build(cfg)
+        if cfg.get("validate_first") and not trainer.fast_dev_run and ckpt_path is None:
+            trainer.validate(module, datamodule=datamodule, verbose=False)
+        # weights_only=False: a lit-credit checkpoint also pickles hyperparameters (credit, loss) and RNG states;
+        # only load checkpoints you trust (your own runs).
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    log.info("final metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items()) if "/" in k})
+    if leader:
+        log.info("final metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items()) if "/" in k})
     return metrics
 
 

@@ -196,12 +196,14 @@ class CreditTrace:
         ``revisions``, ``proposals``.
     advantages: [B, T] the token advantages the loss used.
     cases: [B] long DPA case index of each row (into ``lit_credit.rewards.dpa.CASES``), or None.
+    ranks: [B] long, the data-parallel rank that sampled each row, or None (one process).
     """
 
     source: str
     batch: RolloutBatch
     advantages: Tensor
     cases: Tensor | None = None
+    ranks: Tensor | None = None
 
 
 def cat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:

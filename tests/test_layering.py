@@ -16,6 +16,7 @@ PACKAGES = ("lit_credit", "data_modules", "callbacks")
 
 LAYERS: list[tuple[str, ...]] = [
     ("__init__", "types", "backends", "checkpoint", "config"),  # foundations: records, retries, checkpoint I/O
+    ("distributed",),  # several processes, one run: launch ranks, the run directory's claim, shares, gathers
     ("interfaces",),  # the Protocols of every layer (RolloutEngine, Environment, Reward, CreditEstimator, ...)
     ("credit", "losses"),  # pure tensor math: advantage estimators, policy losses
     ("rewards",),  # scoring of replies, and the parsers of what a reply says

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-SHARED = {  # the keys all five variants repeated verbatim
+SHARED = {  # the keys all five variants repeated verbatim, and num_nodes (added with data parallelism)
     "_target_": "lightning.pytorch.Trainer",
+    "num_nodes": 1,
     "max_steps": 150,
     "max_epochs": -1,
     "val_check_interval": 25,
@@ -28,21 +29,19 @@ EXPECTED = {  # unresolved, as composed from the old files
                              "process_group_backend": "gloo"}},
     "fsdp2_cpu": {**SHARED, "accelerator": "cpu", "devices": 2, "precision": "32-true",
                   "strategy": {"_target_": "lightning.pytorch.strategies.ModelParallelStrategy",
-                               "data_parallel_size": 2, "tensor_parallel_size": 1,
+                               "data_parallel_size": None, "tensor_parallel_size": 1,
                                "process_group_backend": "gloo", "save_distributed_checkpoint": False}},
     "fsdp": {**SHARED, "accelerator": "gpu", "devices": 2, "precision": "bf16-mixed",
              "strategy": {"_target_": "lightning.pytorch.strategies.ModelParallelStrategy",
-                          "data_parallel_size": "${..devices}", "tensor_parallel_size": 1,
+                          "data_parallel_size": None, "tensor_parallel_size": 1,
                           "save_distributed_checkpoint": False}},
 }
 
 
 def resolved(expected: dict, output_dir: str) -> dict:
-    """``expected`` with its two interpolations resolved by hand: the run directory and fsdp's ``${..devices}``."""
-    out = {**expected, "default_root_dir": output_dir}
-    if out.get("strategy", {}).get("data_parallel_size") == "${..devices}":
-        out["strategy"] = {**out["strategy"], "data_parallel_size": out["devices"]}
-    return out
+    """``expected`` with its interpolation resolved by hand: the run directory. (FSDP2's ``data_parallel_size:
+    null`` becomes devices x num_nodes in ``lit_credit.train.fill_data_parallel_size``, not in the config.)"""
+    return {**expected, "default_root_dir": output_dir}
 
 
 @pytest.mark.parametrize("name", [*EXPECTED, None], ids=lambda n: n or "train.yaml-default")

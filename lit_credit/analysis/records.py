@@ -10,6 +10,7 @@ method          string  the run's method label (e.g. the credit estimator's name
 source          string  which batch of the step: ``policy`` (GRPO family) or a DPA-GRPO role batch
                         (``verifier``, ``approver``, ``revisions``, ``proposals``)
 group           int64   group id (one per prompt, or per DPA decision)
+rank            int64   the data-parallel rank (process) that sampled the rollout (0 in one process)
 rollout         int64   row of the batch
 turn            int64   assistant turn index k (0-based)
 segment         string  ``tool`` / ``summary`` (SLCA's rule, on tool tasks) or ``turn`` (other tasks)
@@ -102,7 +103,9 @@ def credit_records(trace: CreditTrace, *, step: int, method: str, excerpt_chars:
     count = tokens[rollout, turn]
     frame = {
         "step": step, "method": method, "source": trace.source,
-        "group": batch.group_ids.cpu()[rollout].numpy(), "rollout": rollout.numpy(), "turn": turn.numpy(),
+        "group": batch.group_ids.cpu()[rollout].numpy(),
+        "rank": (trace.ranks.cpu()[rollout] if trace.ranks is not None else torch.zeros_like(rollout)).numpy(),
+        "rollout": rollout.numpy(), "turn": turn.numpy(),
         "segment": segment, "turn_type": kinds, "case": cases, "turn_score": turn_score,
         "score": batch.scores.cpu().double()[rollout].numpy(),
         "advantage": (total[rollout, turn] / count).double().numpy(),

@@ -41,8 +41,26 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return _safe_div(num.sum(dim), m.sum(dim))
 
 
+def aggregation_denominator(mask: Tensor, mode: AggregationMode = "token-mean", *,
+                            norm_length: int | None = None) -> Tensor:
+    """The normaliser :func:`aggregate` divides by in ``mode`` (``sum_i n_i``, ``B``, ``|P|`` or ``B * N``, see
+    there), as a 0-dim float tensor. Several processes add theirs (an all-reduce) and pass the sum, divided by
+    the number of processes, as ``denominator``: the mean of the ranks' losses (what DDP and FSDP average the
+    gradients of) is then the loss of the whole minibatch."""
+    m = (mask != 0).to(torch.float32)
+    if mode == "token-mean":
+        return m.sum()
+    if mode == "seq-mean-token-mean":
+        return m.any(-1).float().sum()
+    rows = torch.tensor(float(mask.shape[0]), device=mask.device)
+    if mode == "seq-mean-token-sum-norm":
+        return rows * (mask.shape[-1] if norm_length is None else norm_length)
+    return rows
+
+
 def aggregate(
-    loss: Tensor, mask: Tensor, mode: AggregationMode = "token-mean", *, norm_length: int | None = None
+    loss: Tensor, mask: Tensor, mode: AggregationMode = "token-mean", *, norm_length: int | None = None,
+    denominator: Tensor | None = None,
 ) -> Tensor:
     r"""Aggregate a per-token loss into a scalar.
 
@@ -57,6 +75,9 @@ def aggregate(
     - ``seq-mean-token-sum-norm`` (Dr.GRPO): ``L = (1/B) sum_i S_i / N`` with the constant
       ``N = norm_length`` (default ``T = mask.shape[-1]``). Dr.GRPO's point is that ``N`` is a constant:
       set ``norm_length`` to the maximum response length so it does not vary with the batch's padding.
+
+    ``denominator``: divide the same numerator by this normaliser instead of the batch's own
+    (:func:`aggregation_denominator`; several processes pass the whole minibatch's); 0 gives 0.
 
     In the sum modes an empty row contributes 0 and still counts in ``B`` (constant normaliser).
     Every division is guarded: an all-zero mask gives an exact, finite 0 (with zero gradient) in every
@@ -80,6 +101,11 @@ def aggregate(
         )
     m = mask.to(loss.dtype)
     weighted = torch.where(mask != 0, loss * m, torch.zeros_like(loss))
+    if denominator is not None:
+        if mode == "seq-mean-token-mean":
+            present = (mask != 0).any(-1).to(loss.dtype)
+            weighted = (_safe_div(weighted.sum(-1), m.sum(-1)) * present)
+        return _safe_div(weighted.sum(), denominator.to(loss.dtype))
     if mode == "token-mean":
         return _safe_div(weighted.sum(), m.sum())
     n_rows = max(loss.shape[0], 1)

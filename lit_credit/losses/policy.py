@@ -36,6 +36,8 @@ class PolicyLoss:
         logp: [B, T] log-probs of the sampled tokens under the policy being trained (requires grad).
         old_logp: [B, T] behaviour-policy log-probs. advantages: [B, T]. mask: [B, T].
         ref_logp: [B, T] reference-policy log-probs, or None.
+        denominator: 0-dim, the aggregation's normaliser to use instead of this batch's (several processes:
+            the whole minibatch's over the number of processes, ``losses.aggregation_denominator``), or None.
         output: (loss, a 0-dim tensor; metrics, dict[str, float]).
 
     Raises:
@@ -82,6 +84,7 @@ class PolicyLoss:
         advantages: Tensor,
         mask: Tensor,
         ref_logp: Tensor | None = None,
+        denominator: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
         if self.kl_coef > 0 and ref_logp is None:
             raise ValueError(f"kl_coef={self.kl_coef} > 0 needs `ref_logp` (reference-policy log-probs)")
@@ -102,10 +105,10 @@ class PolicyLoss:
             if self.kl_coef > 0:
                 total = per_token + self.kl_coef * kl
             stats["loss/kl"] = masked_mean(kl.detach(), valid)
-        loss = aggregate(total, mask, self.aggregation, norm_length=self.norm_length)
+        loss = aggregate(total, mask, self.aggregation, norm_length=self.norm_length, denominator=denominator)
         stats["loss/total"] = loss.detach()
         stats["loss/policy"] = aggregate(
-            per_token.detach(), mask, self.aggregation, norm_length=self.norm_length
+            per_token.detach(), mask, self.aggregation, norm_length=self.norm_length, denominator=denominator
         )
         stats.update({f"loss/{name}": value for name, value in surrogate_metrics.items()})
         dtype = torch.float32 if logp.device.type == "mps" else torch.float64  # MPS has no float64

@@ -1,6 +1,7 @@
 """The GRPO module: GRPO, Dr.GRPO, DAPO, GSPO, SLCA-GRPO, TCPO, MT-GRPO, ToolPO and SLCA x TCPO are its configs."""
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -11,8 +12,9 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lit_credit.analysis.metrics import batch_metrics, pass_at_k_metrics, segment_grad_cosine
 from lit_credit.credit.groups import first_informative_groups, nonzero_variance_groups
 from lit_credit.credit.slca import credit_leakage
+from lit_credit.distributed import all_reduce_sum, gather_batch, gather_objects, world
 from lit_credit.interfaces import Augmenter, CreditEstimator, MetricSet
-from lit_credit.losses import PolicyLoss, masked_mean
+from lit_credit.losses import PolicyLoss, aggregation_denominator, masked_mean
 from lit_credit.methods.base import PolicyModule
 from lit_credit.models.policy import PolicySource
 from lit_credit.types import CreditTrace, RolloutBatch, cat_batches
@@ -48,7 +50,13 @@ class GRPOModule(PolicyModule):
     draw order are kept, extras dropped. At the cap the step trains on the informative groups found, and on
     the first draw with all advantages 0 when there is none, without moving the weights (no gradient reaches
     the optimiser, so AdamW's momentum does not move them either): the run always advances (DAPO's trainer
-    raises instead). One process only (the number of draws is rank-local). Logged: ``train/sampling_draws``, ``train/kept_frac``
+    raises instead). One process only (the number of draws is rank-local).
+
+    Several processes (DDP, FSDP2): each rank trains on its share of the step's prompt groups (the
+    DataModule's), whole groups, so group statistics are exact; each minibatch's loss normaliser is the whole
+    minibatch's (:meth:`minibatch_loss`); the logged rollout metrics and the credit records are computed from
+    every rank's rollouts (:func:`~lit_credit.distributed.gather_batch`), the loss metrics reduced over the
+    ranks (:meth:`over_ranks`). Logged: ``train/sampling_draws``, ``train/kept_frac``
     (kept groups / drawn groups) and ``train/informative_groups``; the ``train/reward/*`` rollout metrics
     are over every draw.
     """
@@ -74,6 +82,8 @@ class GRPOModule(PolicyModule):
         self.dynamic_sampling, self.max_sampling_draws = dynamic_sampling, max_sampling_draws
         self.max_logprob_gap, self.grad_cosine_every = max_logprob_gap, grad_cosine_every
         self.credit_trace: list[CreditTrace] = []  # the last step's credited batches (callbacks.CreditRecords)
+        self.step_batch: RolloutBatch | None = None  # the step's rollouts of every rank (collect)
+        self.step_ranks: torch.Tensor | None = None  # and each row's rank
 
     def configure_optimizers(self):
         opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
@@ -119,9 +129,13 @@ class GRPOModule(PolicyModule):
         generation_s, informative, sampling, drawn = self.experience.last_generation_s, True, {}, batch
         if self.dynamic_sampling:
             drawn, batch, informative, generation_s, sampling = self.dynamic_sample(batch, len(rows))
-        logs = {**self.rollout_metrics(drawn, "train"), **sampling, **self.rollouts.backend_counts.take(),
-                "perf/generation_s": generation_s,
-                "perf/rollout_tokens_per_s": drawn.response_mask.sum().item() / max(generation_s, 1e-9)}
+        whole, self.step_ranks = gather_batch(drawn, self.experience.codec.pad_id)  # every rank's rollouts
+        counts: dict[str, float] = {}
+        for rank_counts in gather_objects(self.rollouts.backend_counts.take()):
+            counts = {k: counts.get(k, 0.0) + rank_counts.get(k, 0.0) for k in counts | rank_counts}
+        logs = {**self.rollout_metrics(whole, "train"), **sampling, **counts, "perf/generation_s": generation_s,
+                "perf/rollout_tokens_per_s": whole.response_mask.sum().item() / max(generation_s, 1e-9)}
+        self.step_batch = whole
         return batch, informative, logs
 
     def dynamic_sample(self, batch: RolloutBatch, prompts: int) -> tuple[RolloutBatch, RolloutBatch, bool, float,
@@ -166,7 +180,7 @@ class GRPOModule(PolicyModule):
         straight to the logger (Lightning's ``self.log`` would repeat its last value at every later step)."""
         credit = self.credit(batch)
         advantages = credit.advantages if informative else torch.zeros_like(credit.advantages)
-        self.credit_trace = [CreditTrace("policy", batch, advantages)]
+        self.credit_trace = [self.whole_trace(batch, advantages)]
         logs = dict(credit.metrics)
         leakage = credit_leakage(batch, advantages)
         if leakage == leakage:  # not NaN: a tool task with a summary score
@@ -178,6 +192,31 @@ class GRPOModule(PolicyModule):
             if cosine is not None:
                 self.logger.log_metrics({"slca/grad_cosine": cosine}, step=self.global_step)
         return advantages, logs
+
+    def whole_trace(self, batch: RolloutBatch, advantages: torch.Tensor) -> CreditTrace:
+        """The credit of every rank's rollouts (the step's gathered batch, each row's rank) for the records; this
+        rank's own batch in one process."""
+        if world()[1] == 1:
+            return CreditTrace("policy", batch, advantages, ranks=torch.zeros(len(batch), dtype=torch.long))
+        whole = self.step_batch
+        parts = gather_objects(advantages.detach().cpu())
+        padded = whole.response_mask.new_zeros(whole.response_mask.shape)
+        start = 0
+        for part in parts:  # one slice per rank
+            padded[start:start + len(part), :part.shape[1]] = part.to(padded.device)
+            start += len(part)
+        return CreditTrace("policy", whole, padded, ranks=self.step_ranks)
+
+    def minibatch_loss(self, mask: torch.Tensor) -> PolicyLoss:
+        """The loss of one minibatch of this rank's rows (``mask``): with several processes its normaliser is the
+        whole minibatch's over the ranks (:func:`~lit_credit.losses.aggregation_denominator`, all-reduced, over
+        the world size), so the ranks' mean gradient (DDP, FSDP) is the gradient of the one-process loss of the
+        same rollouts; ``loss`` itself in one process."""
+        size = world()[1]
+        if size == 1:
+            return self.loss
+        local = aggregation_denominator(mask, self.loss.aggregation, norm_length=self.loss.norm_length)
+        return functools.partial(self.loss, denominator=all_reduce_sum(local) / size)
 
     def update(self, batch: RolloutBatch, advantages: torch.Tensor, old_logp: torch.Tensor | None,
                ref_logp: torch.Tensor | None, informative: bool) -> dict[str, float]:
@@ -192,7 +231,7 @@ class GRPOModule(PolicyModule):
                 mb = batch.select(idx)
                 opt.zero_grad()
                 logp, ent, metrics = self.backward_by_micro_batch(
-                    mb, self.loss, advantages[idx], mask[idx], ref_logp[idx] if ref_logp is not None else None,
+                    mb, self.minibatch_loss(mask[idx]), advantages[idx], mask[idx], ref_logp[idx] if ref_logp is not None else None,
                     old_logp[idx] if old_logp is not None else None)
                 if not informative:  # no group with a reward spread: no update (AdamW skips grad-less weights)
                     opt.zero_grad(set_to_none=True)
@@ -207,8 +246,20 @@ class GRPOModule(PolicyModule):
             sched.step()
         reduce = {"loss/ratio_min": min, "loss/ratio_max": max}  # the others: mean over the step's updates
         logs = {k: reduce.get(k, lambda v: sum(v) / len(v))([m[k] for m in updates]) for k in updates[0]}
-        return logs | {"train/updates": float(len(updates)), "train/engine_logprob_gap": torch.stack(gap).mean().item(),
-                       "train/entropy": torch.stack(entropy).mean().item(), "train/lr": opt.param_groups[0]["lr"]}
+        logs |= {"train/engine_logprob_gap": torch.stack(gap).mean().item(),
+                 "train/entropy": torch.stack(entropy).mean().item()}
+        return self.over_ranks(logs, reduce) | {"train/updates": float(len(updates)), "train/lr": opt.param_groups[0]["lr"]}
+
+    @staticmethod
+    def over_ranks(logs: dict[str, float], reduce: Mapping[str, Any]) -> dict[str, float]:
+        """``logs`` of every rank in one: ``reduce[key]`` (min, max) or the mean over the ranks. The losses are
+        exact (each rank's is its share of the whole minibatch's, :meth:`minibatch_loss`, times the world
+        size); the token means (KL, clip fractions, the engine gap, entropy) are means of the ranks' means,
+        exact when the ranks hold as many tokens. One process: ``logs``."""
+        ranks = gather_objects(logs)
+        if len(ranks) == 1:
+            return logs
+        return {k: reduce.get(k, lambda v: sum(v) / len(v))([r[k] for r in ranks]) for k in logs}
 
     def check_logprob_gap(self, gap: float) -> None:
         if self.max_logprob_gap is not None and gap > self.max_logprob_gap:
@@ -240,14 +291,16 @@ class GRPOModule(PolicyModule):
 
     def validation_step(self, rows: list[dict[str, Any]], batch_idx: int) -> None:
         """The held-out rows greedy (``val/``: :meth:`rollout_metrics`) and, with ``data.val_samples = n > 0``,
-        n samples each at T = 1 (``val/sampled/``: the same metrics, ``zero_variance_groups`` kept, plus
+        n samples each at T = 1 (every rank its share of the rows, the metrics over all of them; ``val/sampled/``: the same metrics, ``zero_variance_groups`` kept, plus
         ``pass@1..n`` at ``data.val_success``), isolated from the training RNG
         (:meth:`~data_modules.RolloutDataModule.sampled_validation`)."""
-        batch = self.draw(rows, self.rollouts.val_sampling)
+        pad = self.experience.codec.pad_id if self.experience.codec is not None else 0
+        batch = gather_batch(self.draw(rows, self.rollouts.val_sampling), pad)[0]  # every rank's share
         logs = self.rollout_metrics(batch, "val")
         logs.pop("val/zero_variance_groups")
         sampled = self.rollouts.sampled_validation(rows)
         if sampled is not None:
+            sampled = gather_batch(sampled.to(self.device), self.experience.codec.pad_id)[0]
             logs |= self.rollout_metrics(sampled, "val/sampled")
             logs |= pass_at_k_metrics(sampled, self.rollouts.val_success, "val/sampled")
         self.log_dict(logs, batch_size=len(rows), prog_bar=False)

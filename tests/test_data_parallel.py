@@ -1,0 +1,169 @@
+"""Data parallelism through the door users use: `lit-credit ... trainer=ddp_cpu` (Lightning's subprocess
+launcher re-runs the command for rank 1), its run directory claimed once, each rank sampling its own prompt
+groups, resume=auto, a Hydra sweep of 2-process runs, and the claim protocol of torchrun / SLURM ranks."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from lit_credit.distributed import CLAIM, RUN_ID, claim_run_dir, launch_rank, share
+from tests.conftest import FAST_MODEL, FAST_TASK
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["experiment=grpo_arith", *FAST_TASK, *FAST_MODEL, "trainer=ddp_cpu", "data.prompts_per_step=4",
+        "data.sampling.n=2", "data.val_prompts=4", "data.sampling.max_new_tokens=8", "trainer.val_check_interval=2",
+        "callbacks.credit_records.every_n_steps=1", "callbacks.hf_export=null", "+trainer.enable_progress_bar=false"]
+
+
+def lit_credit(cache_dir: Path, *extra: str, multirun: bool = False) -> subprocess.CompletedProcess:
+    script = Path(sys.executable).with_name("lit-credit")
+    cmd = [str(script), *(["-m"] if multirun else []), *ARGS, f"paths.cache_dir={cache_dir}", *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", RUN_ID):
+        env.pop(key, None)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+
+
+def records(run: Path) -> pd.DataFrame:
+    return pd.concat([pd.read_parquet(p) for p in sorted((run / "records").glob("*.parquet"))], ignore_index=True)
+
+
+@pytest.mark.slow
+def test_ddp_cpu_through_lit_credit_shards_prompts_claims_once_and_resumes(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    done = lit_credit(cache_dir, "trainer.max_steps=2", f"hydra.run.dir={run}")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads((run / CLAIM).read_text())["run_id"]  # one claim, rank 0's
+    assert sorted(p.name for p in (run / ".hydra").iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert "trainer=ddp_cpu" in (run / ".hydra" / "overrides.yaml").read_text()
+    frame = records(run)
+    assert set(frame["step"]) == {1, 2}
+    for _, step in frame.groupby("step"):
+        # 4 prompt groups a step over 2 ranks: ranks 0 and 1 each sampled 2 whole groups (2 rollouts each), disjoint
+        by_rank = {r: set(g["group"]) for r, g in step.groupby("rank")}
+        assert set(by_rank) == {0, 1} and all(len(g) == 2 for g in by_rank.values())
+        assert not by_rank[0] & by_rank[1]
+        assert step.groupby("group")["rollout"].nunique().eq(2).all()
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert state["global_step"] == 2 and len(state["rng_states_by_rank"]) == 2
+
+    unrelated = lit_credit(cache_dir, "trainer.max_steps=2", f"hydra.run.dir={run}")
+    assert unrelated.returncode != 0 and "already holds a run" in unrelated.stderr
+
+    resumed = lit_credit(cache_dir, "trainer.max_steps=3", f"hydra.run.dir={run}", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert state["global_step"] == 3
+    assert set(records(run)["step"]) == {1, 2, 3}
+
+
+@pytest.mark.slow
+def test_a_hydra_sweep_of_two_process_runs(tmp_path, cache_dir):
+    """`-m` with trainer=ddp_cpu: each job starts its own rank 1 (a single run of that job's overrides, in the
+    job's directory), and the next job starts with the launch variables of the last one removed."""
+    sweep = tmp_path / "sweep"
+    done = lit_credit(cache_dir, "trainer.max_steps=1", "validate_first=false", "seed=0,1",
+                      f"hydra.sweep.dir={sweep}", multirun=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+    for job, seed in (("0", "seed=0"), ("1", "seed=1")):
+        assert seed in (sweep / job / ".hydra" / "overrides.yaml").read_text()
+        assert set(records(sweep / job)["rank"]) == {0, 1}
+    assert not (sweep / "2").exists()  # rank 1 re-ran one job, not the sweep
+
+
+def test_the_leader_claims_and_followers_join_only_their_own_launch(tmp_path, monkeypatch):
+    for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID", RUN_ID,
+                "TORCHELASTIC_RUN_ID", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_JOB_ID"):
+        monkeypatch.delenv(key, raising=False)
+    run = tmp_path / "run"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")  # torchrun: every rank has it
+    assert launch_rank() == 0 and claim_run_dir(run, resuming=False) is True
+    assert json.loads((run / CLAIM).read_text())["run_id"] == "torchrun-abc"
+    with pytest.raises(FileExistsError, match="already holds a run"):  # a second run's leader
+        claim_run_dir(run, resuming=False)
+    monkeypatch.delenv(RUN_ID)  # as a torchrun rank 1 sees it: only the rendezvous id
+    monkeypatch.setenv("RANK", "1")
+    assert launch_rank() == 1 and claim_run_dir(run, resuming=False) is False
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "other")  # another launch's rank 1: refused, naming both
+    with pytest.raises(FileExistsError, match="launch torchrun-other found the claim of launch torchrun-abc"):
+        claim_run_dir(run, resuming=False, timeout_s=0.3)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert launch_rank() == 2
+    with pytest.raises(FileExistsError, match="slurm-77"):
+        claim_run_dir(run, resuming=False, timeout_s=0.3)
+    monkeypatch.setenv("SLURM_PROCID", "0")  # the requeued job's task 0 resumes and re-claims with its job id
+    assert claim_run_dir(run, resuming=True) is True
+    monkeypatch.delenv(RUN_ID)
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    assert claim_run_dir(run, resuming=True) is False
+
+
+def test_shares_are_contiguous_even_and_in_rank_order():
+    # 10 items over 4 ranks: 10 = 4 * 2 + 2, so ranks 0 and 1 get 3, ranks 2 and 3 get 2.
+    shares = [list(range(10))[share(10, r, 4)] for r in range(4)]
+    assert shares == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    assert [x for s in shares for x in s] == list(range(10))
+
+
+def test_the_slurm_launcher_follows_the_trainers_devices_and_nodes():
+    """One SLURM task per device (Lightning's SLURM check: --ntasks-per-node = trainer.devices), and FSDP2's
+    data-parallel size is devices x nodes, without setting either by hand."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from lit_credit.train import CONF_DIR, fill_data_parallel_size
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose("train", overrides=["hydra/launcher=slurm", "trainer=fsdp", "trainer.devices=4",
+                                          "trainer.num_nodes=2"], return_hydra_config=True)
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert (launcher["tasks_per_node"], launcher["gpus_per_node"], launcher["nodes"]) == (4, 4, 2)
+    assert launcher["_target_"].endswith("SlurmLauncher")
+    fill_data_parallel_size(cfg)
+    assert cfg.trainer.strategy.data_parallel_size == 8 and cfg.trainer.strategy.tensor_parallel_size == 1
+
+
+def test_prompts_that_do_not_divide_over_the_processes_are_refused_by_name(make_cfg):
+    from lit_credit.config import ConfigError, check_config
+
+    with pytest.raises(ConfigError, match=r"data.prompts_per_step=3: does not divide over the 2 processes.*"
+                                          r"data.prompts_per_step=2"):
+        check_config(make_cfg("trainer=ddp_cpu", "data.prompts_per_step=3"))
+    check_config(make_cfg("trainer=ddp_cpu", "data.prompts_per_step=4"))
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                  "seq-mean-token-sum-norm"])
+def test_two_ranks_with_the_whole_minibatchs_normaliser_average_to_the_one_process_loss(mode):
+    """Rank 0 holds rows 0-1 (3 and 1 tokens), rank 1 row 2 (2 tokens) and an empty row 3. token-mean: the
+    whole minibatch divides by 3 + 1 + 2 = 6 tokens; each rank passes 6 / 2 = 3, so (S_0 / 3 + S_1 / 3) / 2 =
+    (S_0 + S_1) / 6, the one-process loss. A rank's own normaliser (4 and 2 tokens) would give
+    (S_0 / 4 + S_1 / 2) / 2 instead, which differs."""
+    from lit_credit.losses import aggregate, aggregation_denominator
+
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [5.0, 6.0, 0.0], [7.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0]])
+    whole = aggregate(loss, mask, mode)
+    shared = (aggregation_denominator(mask[:2], mode) + aggregation_denominator(mask[2:], mode)) / 2
+    ranks = [aggregate(loss[:2], mask[:2], mode, denominator=shared),
+             aggregate(loss[2:], mask[2:], mode, denominator=shared)]
+    assert torch.allclose((ranks[0] + ranks[1]) / 2, whole)
+    expected = {"token-mean": 21 / 6, "seq-mean-token-sum": 21 / 4, "seq-mean-token-mean": (2 + 4 + 5.5) / 3,
+                "seq-mean-token-sum-norm": 21 / (4 * 3)}[mode]
+    assert whole.item() == pytest.approx(expected)
+    if mode == "token-mean":
+        own = (aggregate(loss[:2], mask[:2], mode) + aggregate(loss[2:], mask[2:], mode)) / 2
+        assert own.item() == pytest.approx((10 / 4 + 11 / 2) / 2) and own.item() != pytest.approx(expected)
