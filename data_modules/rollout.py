@@ -13,12 +13,28 @@ from lit_credit.checkpoint import capture_rng, restore_rng
 from lit_credit.distributed import share, world
 from lit_credit.interfaces import Environment, Reward, RolloutEngine
 from lit_credit.rollout import Experience, HFEngine
+from lit_credit.rollout.seeds import mix_seed
 from lit_credit.tasks.base import Task
 from lit_credit.types import RolloutBatch, SamplingParams
+
+TRAIN_STREAM, VALIDATION_STREAM = 0, 1  # the seed streams of training groups and sampled validation groups
 
 
 def _rows(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return batch
+
+
+class OneBatch(IterableDataset):
+    """A dataset of one batch: ``rows``, whole."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        yield self.rows
+
+    def __len__(self) -> int:
+        return 1
 
 
 class PromptStream(IterableDataset):
@@ -96,10 +112,16 @@ class RolloutDataModule(L.LightningDataModule):
     of the same stream inside a training step (DAPO's dynamic sampling); the dataloader never serves them, so
     no prompt is drawn twice within an epoch.
 
+    Sampling is seeded per group: group ``g``'s rollouts get seed ``mix_seed(seed, 0, g)`` (sampled validation's
+    ``mix_seed(seed, 1, g)``; :mod:`lit_credit.rollout.seeds`), so they depend on the run's seed and the group
+    id alone, not on the process or the batch that samples them.
+
     Several processes (data parallel): every rank iterates the same stream and is handed the step's whole
     prompt batch; group ids are minted for all of it, identically on every rank, and each rank generates only
     its contiguous share (:func:`~lit_credit.distributed.share`: whole groups, ``prompts_per_step`` must divide
-    by the world size); the stream's position and the group counter are the same on every rank. Validation rows are split the same way (as evenly as can be).
+    by the world size); the stream's position and the group counter are the same on every rank. Validation
+    rows are split the same way (as evenly as can be). With the per-group seeds a run's rollouts are the same on
+    1 or N processes.
 
     Validation: the test split's first ``val_prompts`` rows (a fixed held-out set), greedy (``val_sampling``),
     and with ``val_samples > 0`` also ``val_samples`` samples per prompt at temperature 1, top-p 1
@@ -179,8 +201,10 @@ class RolloutDataModule(L.LightningDataModule):
         return DataLoader(self.stream, batch_size=None, collate_fn=_rows, generator=torch.Generator().manual_seed(0))
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=max(self.val_prompts, 1), collate_fn=_rows,
-                          generator=torch.Generator().manual_seed(0))
+        # One batch of every held-out row on every rank (the module splits it, ``_share``): an iterable dataset,
+        # so Lightning adds no DistributedSampler that would split it a second time.
+        return DataLoader(OneBatch([self.val_set[i] for i in range(len(self.val_set))]), batch_size=None,
+                          collate_fn=_rows)
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_batch": self.position["next_batch"], "pending": list(self.position["pending"]),
@@ -228,7 +252,7 @@ class RolloutDataModule(L.LightningDataModule):
         state = capture_rng(sources, self)
         torch.manual_seed(self.seed)
         try:
-            return self._share(rows, list(range(len(rows))), self.val_sampled)
+            return self._share(rows, list(range(len(rows))), self.val_sampled, VALIDATION_STREAM)
         finally:
             restore_rng(state, sources, self)
 
@@ -245,6 +269,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.next_group += len(rows)
         return self._share(rows, groups, sampling)
 
-    def _share(self, rows: list[dict[str, Any]], groups: list[int], sampling: SamplingParams) -> RolloutBatch:
+    def _share(self, rows: list[dict[str, Any]], groups: list[int], sampling: SamplingParams,
+               stream: int = TRAIN_STREAM) -> RolloutBatch:
+        """This rank's share of ``rows``' rollouts, group ``g`` seeded ``mix_seed(seed, stream, g)``."""
         mine = share(len(rows), self.rank, self.world_size)
-        return self.experience.rollouts(rows[mine], groups[mine], sampling)
+        seeds = [mix_seed(self.seed, stream, g) for g in groups[mine]]
+        return self.experience.rollouts(rows[mine], groups[mine], sampling, seeds)

@@ -39,13 +39,19 @@ class RolloutEngine(Protocol):
     restore engine memory between rollout phases (no-ops where meaningless). An engine whose
     ``enable_sleep_mode`` attribute is true is put to sleep once a training step's generation is done
     (:meth:`Sampler.release`) and woken before the new weights are pushed (``sync_weights``): per step
-    ``generate``, ``sleep``, the policy update, ``wake``, ``update_weights``. Without that attribute (HFEngine,
-    which samples from the trainer's own policy) ``sleep``/``wake`` are never called.
+    ``generate``, ``sleep``, the policy update, ``wake``, ``update_weights``. Without that attribute
+    ``sleep``/``wake`` are never called.
+
+    ``generate(prompts, sampling, seeds)`` returns ``sampling.n`` completions per prompt; ``seeds[i]`` (an int in
+    ``[0, 2**63)``) seeds prompt i's completions, so that they do not depend on the batch or process the prompt
+    is sampled in (the rollouts of a prompt group are seeded from the run's seed and the group id); ``None``: the
+    engine seeds them itself (from torch's global generator, HFEngine).
     """
 
     def bind(self, model: torch.nn.Module, tokenizer: Any) -> None: ...
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]: ...
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                 seeds: list[int] | None = None) -> list[list[Completion]]: ...
 
     def update_weights(self, model: torch.nn.Module) -> None: ...
 

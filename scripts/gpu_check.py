@@ -1,7 +1,8 @@
 """Rollout and GRPO-step throughput on one GPU, with and without the chunked LM head and FSDP2.
 
 The policy is a randomly initialised Qwen2.5-0.5B (Qwen2ForCausalLM built from its config, written here: no
-download); throughput needs no trained weights, so generation lengths are fixed by suppressing eos and pad.
+download); throughput needs no trained weights, so generation lengths are fixed: the engine is told eos and pad ids outside the
+vocabulary, which are never sampled.
 Four training cases, {full head, chunked head} x {one device, FSDP2 on a world of one}, and one rollout per
 FSDP setting (the HF engine samples from the model's own logits, so the chunked head does not enter it):
 
@@ -122,14 +123,13 @@ def qwen2(config: dict):
 
 def build_model(config: dict, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """A Qwen2ForCausalLM of ``config``, randomly initialised from seed 0 (every case starts from the same
-    weights), in eval mode (dropout off, as PolicyModule.on_train_start), eos and pad never sampled."""
+    weights), in eval mode (dropout off, as PolicyModule.on_train_start)."""
     from transformers import Qwen2ForCausalLM
 
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen2ForCausalLM(qwen2(config))
     model.to(dtype).eval()
-    model.generation_config.suppress_tokens = [config["eos_token_id"], config["pad_token_id"]]
     if model.lm_head.weight is not model.model.embed_tokens.weight:
         raise RuntimeError("tie_word_embeddings=True but lm_head and embed_tokens do not share their weight")
     return model
@@ -190,12 +190,13 @@ def rollout(engine, sampling, prompts: torch.Tensor, device: torch.device, amp) 
         groups = engine.generate(prompts.tolist(), sampling)
     sync(device)
     seconds = time.perf_counter() - start
+    engine.sleep()  # the rollout phase is over: an FSDP2 policy gathered for generation is resharded
     flat = [c for group in groups for c in group]
     new = torch.tensor([c.token_ids for c in flat])
     want = (len(flat), sampling.max_new_tokens)
     if tuple(new.shape) != want:
         raise RuntimeError(f"rollout: {tuple(new.shape)} new tokens, not {want}: generation stopped early "
-                           "although eos and pad are suppressed (model.generation_config.suppress_tokens)")
+                           "although the engine's eos and pad ids are outside the vocabulary")
     prompt_len = prompts.shape[1]
     ids = torch.cat([prompts.repeat_interleave(sampling.n, 0), new], 1)
     behaviour = torch.nn.functional.pad(torch.tensor([c.logprobs for c in flat]), (prompt_len, 0))
@@ -314,7 +315,7 @@ def header(args: argparse.Namespace, config: dict, device: torch.device) -> dict
                   "config": config},
         "settings": {**{k: getattr(args, k) for k in SIZES}, "peak_flops": args.peak_flops,
                      "warmup_steps": 1},
-        "rollout_engine": "lit_credit.rollout.engine.HFEngine (model.generate, KV cache, eos/pad suppressed)",
+        "rollout_engine": "lit_credit.rollout.engine.HFEngine (model.generate, KV cache, eos/pad ids outside the vocabulary)",
         "train_step": "token_logprobs + PolicyLoss(ClippedSurrogate(0.2), token-mean) vs the engine's "
                       "log-probs, random group-normalised advantages, backward per micro-batch, "
                       "clip_grad_norm_(1.0), AdamW(lr=1e-6)",
@@ -396,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                 if batch is None:  # the setting's rollout, on the fresh model
                     phase(f"{mode}: rollout")
                     engine = HFEngine(batch_size=args.rollouts)
-                    engine.bind(model, IdTokenizer(config["eos_token_id"], config["pad_token_id"]))
+                    engine.bind(model, IdTokenizer(config["vocab_size"], config["vocab_size"]))  # never sampled: fixed lengths
                     report["rollout"][mode], batch = rollout(engine, sampling, prompts, device, amp)
                     report["agreement"][mode] = head_agreement(token_logprobs, model, batch, args.micro_rows,
                                                                args.head_chunk, amp)

@@ -89,7 +89,7 @@ class DownEngine(HFEngine):
         super().__init__()
         self.down = down
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         if self.down > 0:
             self.down -= 1
             raise TimeoutError("engine unreachable")

@@ -22,9 +22,10 @@ ARGS = ["experiment=grpo_arith", *FAST_TASK, *FAST_MODEL, "trainer=ddp_cpu", "da
         "callbacks.credit_records.every_n_steps=1", "callbacks.hf_export=null", "+trainer.enable_progress_bar=false"]
 
 
-def lit_credit(cache_dir: Path, *extra: str, multirun: bool = False) -> subprocess.CompletedProcess:
+def lit_credit(cache_dir: Path, *extra: str, multirun: bool = False, args: list[str] = ARGS
+               ) -> subprocess.CompletedProcess:
     script = Path(sys.executable).with_name("lit-credit")
-    cmd = [str(script), *(["-m"] if multirun else []), *ARGS, f"paths.cache_dir={cache_dir}", *extra]
+    cmd = [str(script), *(["-m"] if multirun else []), *args, f"paths.cache_dir={cache_dir}", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", RUN_ID):
         env.pop(key, None)
@@ -62,6 +63,59 @@ def test_ddp_cpu_through_lit_credit_shards_prompts_claims_once_and_resumes(tmp_p
     state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert state["global_step"] == 3
     assert set(records(run)["step"]) == {1, 2, 3}
+    # bitwise the uninterrupted 2-process run: the same weights, optimiser moments and records of step 3
+    straight = tmp_path / "straight"
+    done = lit_credit(cache_dir, "trainer.max_steps=3", f"hydra.run.dir={straight}")
+    assert done.returncode == 0, done.stderr[-4000:]
+    whole = torch.load(straight / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert state["state_dict"].keys() == whole["state_dict"].keys()
+    assert all(torch.equal(v, whole["state_dict"][k]) for k, v in state["state_dict"].items())
+    moments = [(a["exp_avg"], b["exp_avg"]) for a, b in zip(state["optimizer_states"][0]["state"].values(),
+                                                           whole["optimizer_states"][0]["state"].values())]
+    assert moments and all(torch.equal(a, b) for a, b in moments)
+    last = [records(r).query("step == 3").sort_values(["group", "rollout", "turn"]).reset_index(drop=True)
+            for r in (run, straight)]
+    pd.testing.assert_frame_equal(last[0], last[1])
+
+
+EQUIVALENCE = ["experiment=grpo_arith", *FAST_TASK, *FAST_MODEL, "trainer.max_steps=3", "data.val_prompts=8",
+               "trainer.val_check_interval=3", "callbacks.credit_records.every_n_steps=1", "callbacks.hf_export=null",
+               "+trainer.enable_progress_bar=false"]
+
+
+@pytest.mark.slow
+def test_one_process_and_two_processes_are_the_same_run(tmp_path, cache_dir):
+    """The default job (experiment=grpo_arith: 16 prompt groups of 8 rollouts a step, 4 minibatch updates, AdamW;
+    the fast warm start of the tests) for 3 steps on 1 process, on 2 DDP processes and on 2 FSDP2 processes:
+    every rollout (its text, token count, score and advantage) and the final weights are the same. Why it can
+    hold: a group's rollouts are seeded from (seed, group id) alone, the minibatch split is drawn over the whole
+    step's rollouts, and the loss normalisers are the whole minibatch's, so the ranks' averaged gradient is the
+    one-process gradient of the same rollouts. What differs is float rounding (other batch shapes in the
+    forwards, a gradient summed in two halves), so weights are compared to 1e-5 and advantages to 1e-5; a token
+    flipped by rounding would fail the text comparison."""
+    runs = {}
+    for trainer in ("cpu", "ddp_cpu", "fsdp2_cpu"):
+        runs[trainer] = tmp_path / trainer
+        done = lit_credit(cache_dir, f"trainer={trainer}", f"hydra.run.dir={runs[trainer]}", args=EQUIVALENCE)
+        assert done.returncode == 0, f"trainer={trainer}: " + done.stderr[-4000:]
+    frames = {t: records(r).sort_values(["step", "group", "rollout", "turn"]).reset_index(drop=True)
+              for t, r in runs.items()}
+    weights = {t: {k: v for k, v in torch.load(r / "checkpoints" / "last.ckpt", map_location="cpu",
+                                                 weights_only=False)["state_dict"].items() if k.startswith("policy.")}
+               for t, r in runs.items()}
+    one = frames["cpu"]
+    assert set(one["step"]) == {1, 2, 3} and len(one) == 3 * 16 * 8 and set(one["rank"]) == {0}
+    for trainer in ("ddp_cpu", "fsdp2_cpu"):
+        many = frames[trainer]
+        assert set(many["rank"]) == {0, 1}
+        for column in ("step", "group", "rollout", "turn", "excerpt", "tokens"):
+            assert many[column].tolist() == one[column].tolist(), (trainer, column)
+        for column in ("score", "advantage"):
+            torch.testing.assert_close(torch.tensor(many[column].values), torch.tensor(one[column].values),
+                                       rtol=0, atol=1e-5, msg=f"{trainer} {column}")
+        assert weights[trainer].keys() == weights["cpu"].keys()
+        for name, value in weights["cpu"].items():
+            torch.testing.assert_close(weights[trainer][name], value, rtol=0, atol=1e-5, msg=f"{trainer} {name}")
 
 
 @pytest.mark.slow

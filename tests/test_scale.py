@@ -80,9 +80,12 @@ class Record(L.Callback):
         sharded = any(isinstance(p, DTensor) for p in pl_module.policy.parameters())
         layers = [m for m in pl_module.policy.modules() if isinstance(m, GradientCheckpointingLayer)]
         sharded = sharded and bool(layers) and all(isinstance(m, FSDPModule) for m in layers)  # each its own unit
+        reference = list(pl_module.reference.parameters())  # the frozen reference, sharded like the policy
+        reference_sharded = bool(reference) and all(isinstance(p, DTensor) and p.device_mesh.size() == 2
+                                                    and p.to_local().numel() < p.numel() for p in reference)
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(
             {"steps": self.steps, "world_size": trainer.world_size, "sharded": sharded,
-             "strategy": type(trainer.strategy).__name__}))
+             "reference_sharded": reference_sharded, "strategy": type(trainer.strategy).__name__}))
         if trainer.global_rank == 0:
             torch.save(state, self.out / "policy.pt")
 
@@ -170,6 +173,7 @@ def test_two_processes_match_one(trainer, extra, experience, single, cache_dir):
     ranks, state, elapsed = run(trainer, experience, cache_dir, experience.parent / "_".join([trainer, *extra]).replace("=", "-"), *extra)
     assert len(ranks) == 2 and all(r["world_size"] == 2 for r in ranks)
     assert all(r["sharded"] for r in ranks) == (trainer == "fsdp2_cpu")
+    assert all(r["reference_sharded"] for r in ranks) == (trainer == "fsdp2_cpu")
     loss_1, loss_2 = mean_over_ranks(one, "loss/total"), mean_over_ranks(ranks, "loss/total")
     norm_1, norm_2 = mean_over_ranks(one, "train/grad_norm"), mean_over_ranks(ranks, "train/grad_norm")
     diff = max((state[k] - one_state[k]).abs().max().item() for k in one_state)

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from lit_credit.checkpoint import capture_rng, restore_rng
+from lit_credit.distributed import gather_objects
 from lit_credit.losses import PolicyLoss
 from lit_credit.models.chunked_head import check_chunkable
 from lit_credit.models.logprobs import length_buckets, token_logprobs
@@ -22,6 +23,9 @@ from lit_credit.types import RolloutBatch, SamplingParams
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
 # The frozen reference is in eval mode on purpose (and HF policies load in eval mode: no dropout in RL).
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+# Every value a module logs is already the whole run's (computed from every rank's rollouts, or reduced over
+# the ranks), so Lightning's sync_dist advice does not apply.
+warnings.filterwarnings("ignore", message=r".*sync_dist=True.*")
 
 
 class PolicyModule(L.LightningModule):
@@ -53,29 +57,49 @@ class PolicyModule(L.LightningModule):
         self.uses_reference = uses_reference
         self.reference = None  # a LoRA policy's reference is itself with adapters disabled
         if self.uses_reference and not is_peft(self.policy):
+            # A copy of the policy as loaded, fp32 like its master weights: it computes as the policy does (the
+            # same autocast; under FSDP2 the same sharding and mixed precision, configure_model), so the KL
+            # starts at exactly 0.
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
 
     def configure_model(self) -> None:
-        """FSDP2 under ``ModelParallelStrategy``: ``fully_shard`` each decoder layer, then the policy root.
+        """FSDP2 under ``ModelParallelStrategy``: ``fully_shard`` each decoder layer, then the root, of the policy
+        and of the frozen reference, on the data-parallel mesh: each rank holds 1/N of both (a LoRA policy's
+        reference is its own base, sharded with it). The reference's root is resharded after every forward too
+        (``reshard_after_forward=True``; FSDP2 keeps a root unsharded for its backward, and the reference has
+        none), so between its forwards it holds its shard only.
 
-        A no-op without a device mesh (single device, DDP) and when the policy is already sharded. Lightning
-        calls it before ``configure_optimizers``, so the optimiser sees the sharded (DTensor) parameters. The
-        frozen reference stays whole on every rank.
+        Precision: ``trainer.precision=bf16-mixed`` adds ``MixedPrecisionPolicy(param_dtype=bfloat16,
+        reduce_dtype=float32)`` to both: the sharded parameters stay the fp32 master weights
+        :meth:`~lit_credit.models.policy.PolicySource.load` made, the forward all-gathers and computes with bf16
+        copies of them (half the traffic and unsharded memory of fp32), the gradients are reduce-scattered in
+        fp32 and the optimiser updates the fp32 shards, so an update smaller than a bf16 ulp still moves a weight.
+        Lightning's bf16 autocast stays on around it. Without a device mesh (one device, DDP) that autocast alone
+        gives bf16 compute over the fp32 weights.
+
+        A no-op without a device mesh and when the policy is already sharded. Lightning calls it before
+        ``configure_optimizers``, so the optimiser sees the sharded (DTensor) parameters.
         """
         mesh = self.device_mesh
         if mesh is None:
             return
-        from torch.distributed.fsdp import FSDPModule, fully_shard
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
         if isinstance(self.policy, FSDPModule):
             return
         names = mesh.mesh_dim_names or ()
         dp_mesh = mesh["data_parallel"] if "data_parallel" in names and mesh.ndim > 1 else mesh
+        mixed = self.trainer.precision == "bf16-mixed"
+        mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed \
+            else MixedPrecisionPolicy()
         blocks = set(getattr(self.policy, "_no_split_modules", None) or ())
-        for module in self.policy.modules():
-            if any(cls.__name__ in blocks for cls in type(module).__mro__):  # checkpointed layers subclass them
-                fully_shard(module, mesh=dp_mesh)
-        fully_shard(self.policy, mesh=dp_mesh)
+        for model, reshard_root in ((self.policy, None), (self.reference, True)):
+            if model is None:
+                continue
+            for module in model.modules():
+                if any(cls.__name__ in blocks for cls in type(module).__mro__):  # checkpointed layers subclass them
+                    fully_shard(module, mesh=dp_mesh, mp_policy=mp_policy)
+            fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_root)
 
     @property
     def rollouts(self):
@@ -99,10 +123,18 @@ class PolicyModule(L.LightningModule):
         return {"module": self}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["rng_states"] = capture_rng(self.random_sources(), self.trainer.datamodule)
+        """Every rank's random states (every rank calls this; rank 0 writes the file): rank 0's as
+        ``rng_states``, and with several processes each rank's in ``rng_states_by_rank``."""
+        states = gather_objects(capture_rng(self.random_sources(), self.trainer.datamodule))
+        checkpoint["rng_states"] = states[0]
+        if len(states) > 1:
+            checkpoint["rng_states_by_rank"] = states
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._resume_rng = checkpoint.get("rng_states")
+        """This rank's saved random states (rank 0's when the checkpoint has no entry for it)."""
+        by_rank = checkpoint.get("rng_states_by_rank") or []
+        rank = self.global_rank if self._trainer is not None else 0
+        self._resume_rng = by_rank[rank] if rank < len(by_rank) else checkpoint.get("rng_states")
 
     def on_train_start(self) -> None:
         """Dropout off for RL (the LoRA dropout PEFT leaves in training mode too), so the old, reference and
@@ -114,13 +146,23 @@ class PolicyModule(L.LightningModule):
             restore_rng(self._resume_rng, self.random_sources(), self.trainer.datamodule)
             self._resume_rng = None
 
+    def on_validation_epoch_end(self) -> None:
+        """Validation's generation is done: release the engine (an engine in sleep mode sleeps, an FSDP2 policy
+        gathered for generation is resharded), as the training step does after its rollouts."""
+        self.trainer.datamodule.experience.release()
+
     def _logprobs(
         self, model: torch.nn.Module, batch: RolloutBatch, entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[B, T] log-probs under ``model`` at the batch's sampling temperature and, with ``entropy``, the
         entropy (else None)."""
+        forwards = 0
+        if self.logprob_token_budget is not None and not torch.is_grad_enabled():  # old / reference log-probs
+            # FSDP2 all-gathers in every forward: every rank runs as many as the rank with the most
+            forwards = self._micro_batch_count(len(length_buckets(batch.attention_mask, self.logprob_token_budget)))
         return token_logprobs(model, batch.input_ids, batch.attention_mask, self.logprob_token_budget,
-                              entropy=entropy, temperature=batch.temperature, head_chunk=self.head_chunk_tokens)
+                              entropy=entropy, temperature=batch.temperature, head_chunk=self.head_chunk_tokens,
+                              min_forwards=forwards)
 
     def backward_by_micro_batch(self, batch: RolloutBatch, loss: PolicyLoss, advantages: torch.Tensor,
                                 mask: torch.Tensor, ref_logp: torch.Tensor | None, old_logp: torch.Tensor | None = None,

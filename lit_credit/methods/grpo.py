@@ -17,7 +17,10 @@ from lit_credit.interfaces import Augmenter, CreditEstimator, MetricSet
 from lit_credit.losses import PolicyLoss, aggregation_denominator, masked_mean
 from lit_credit.methods.base import PolicyModule
 from lit_credit.models.policy import PolicySource
+from lit_credit.rollout.seeds import mix_seed
 from lit_credit.types import CreditTrace, RolloutBatch, cat_batches
+
+MINIBATCH_STREAM = 2  # the seed stream of the minibatch splits (0, 1: the DataModule's rollout streams)
 
 
 class GRPOModule(PolicyModule):
@@ -28,7 +31,7 @@ class GRPOModule(PolicyModule):
     below) -> :meth:`augment_experience` -> ``experience.release()`` (an engine in sleep mode sleeps) ->
     :meth:`anchor_logprobs` (old and reference) -> :meth:`assign_credit` (``credit(batch)`` token advantages)
     -> :meth:`update`: ``ppo_epochs`` x ``num_minibatches`` updates of ``loss`` with gradient clipping (each
-    epoch a fresh random split of the batch's rollouts), LR schedule -> ``experience.sync_weights`` (wake,
+    epoch a fresh random split of the batch's rollouts, :meth:`minibatches`), LR schedule -> ``experience.sync_weights`` (wake,
     push) -> logs. Every GRPO-family method is a config of this module: the credit estimator (``credit=``),
     the loss (``loss=``), ``dynamic_sampling`` (DAPO, with ``loss=dapo``), the augmenter (``augment=``: TCPO's
     counterfactual resampling, run when the estimator ``needs`` what it ``provides``) and the metric sets
@@ -218,6 +221,18 @@ class GRPOModule(PolicyModule):
         local = aggregation_denominator(mask, self.loss.aggregation, norm_length=self.loss.norm_length)
         return functools.partial(self.loss, denominator=all_reduce_sum(local) / size)
 
+    def minibatches(self, rows: int, epoch: int) -> list[torch.Tensor]:
+        """This rank's rows (``rows`` of them) of each of the ``num_minibatches`` minibatches of ``epoch``: the
+        step's rollouts of every rank, in rank order, permuted with a generator seeded
+        ``mix_seed(data seed, 2, global_step, epoch)`` and cut into ``num_minibatches`` chunks; each rank keeps the
+        chunk's rows it holds (as local indices; a chunk may hold none of them). The split of the whole batch is
+        the same on 1 or N processes."""
+        counts = gather_objects(rows)
+        offset, total = sum(counts[:world()[0]]), sum(counts)
+        seed = mix_seed(getattr(self.rollouts, "seed", 0), MINIBATCH_STREAM, self.global_step, epoch)
+        order = torch.randperm(total, generator=torch.Generator().manual_seed(seed)).to(self.device)
+        return [chunk[(chunk >= offset) & (chunk < offset + rows)] - offset for chunk in order.chunk(self.num_minibatches)]
+
     def update(self, batch: RolloutBatch, advantages: torch.Tensor, old_logp: torch.Tensor | None,
                ref_logp: torch.Tensor | None, informative: bool) -> dict[str, float]:
         """``ppo_epochs`` x ``num_minibatches`` updates of the loss with gradient clipping (each epoch a fresh
@@ -226,17 +241,23 @@ class GRPOModule(PolicyModule):
         opt, sched, mask = self.optimizers(), self.lr_schedulers(), batch.response_mask
         gap, entropy, updates = [], [], []
         for epoch in range(self.ppo_epochs):
-            chunks = torch.randperm(len(batch), device=self.device).chunk(self.num_minibatches)
+            chunks = self.minibatches(len(batch), epoch)
             for i, idx in enumerate(chunks):
+                padding = len(idx) == 0  # none of this minibatch's rows is this rank's: a weight-0 pass of row 0
+                if padding:
+                    idx = torch.zeros(1, dtype=torch.long, device=self.device)
                 mb = batch.select(idx)
                 opt.zero_grad()
                 logp, ent, metrics = self.backward_by_micro_batch(
-                    mb, self.minibatch_loss(mask[idx]), advantages[idx], mask[idx], ref_logp[idx] if ref_logp is not None else None,
-                    old_logp[idx] if old_logp is not None else None)
+                    mb, self.minibatch_loss(mask[idx] * (not padding)), advantages[idx], mask[idx],
+                    ref_logp[idx] if ref_logp is not None else None, old_logp[idx] if old_logp is not None else None,
+                    scale=0.0 if padding else 1.0)
                 if not informative:  # no group with a reward spread: no update (AdamW skips grad-less weights)
                     opt.zero_grad(set_to_none=True)
                 metrics["train/grad_norm"] = self._clip(opt)
                 self._step(opt, last=epoch == self.ppo_epochs - 1 and i == len(chunks) - 1)
+                if padding:
+                    continue
                 updates.append(metrics)
                 if epoch == 0:
                     gap.append(masked_mean(((logp if old_logp is None else old_logp[idx]) - mb.behaviour_logprobs).abs(),

@@ -77,7 +77,8 @@ def length_buckets(attention_mask: Tensor, token_budget: int) -> list[tuple[Tens
 
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
                    token_budget: int | None = None, *, entropy: bool = True,
-                   temperature: float = 1.0, head_chunk: int | None = None) -> tuple[Tensor, Tensor | None]:
+                   temperature: float = 1.0, head_chunk: int | None = None,
+                   min_forwards: int = 0) -> tuple[Tensor, Tensor | None]:
     """``logp[b, t] = log pi(input_ids[b, t] | input_ids[b, :t])`` and, with ``entropy``, the entropy of that
     distribution (a diagnostic: no gradient flows through it; None without ``entropy``). ``pi`` is
     ``softmax(logits / temperature)``, the distribution a batch sampled at that temperature was drawn from,
@@ -91,7 +92,9 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
     next to short ones do not pay for padding; the results equal the padded pass up to float rounding.
     Without gradient and entropy (reference and old-policy log-probs) no [B, T, V] temporary is made beyond
     the model's logits; with ``head_chunk`` (tokens per LM-head chunk) not even those, with or without
-    gradient (:mod:`lit_credit.models.chunked_head`).
+    gradient (:mod:`lit_credit.models.chunked_head`). ``min_forwards``: run at least that many micro-batch
+    forwards (the extra ones of one row, discarded), so that every rank of a sharded (FSDP2) model runs as many
+    forwards, and so all-gathers, as the rank with the most.
     """
     if not temperature > 0:
         raise ValueError(f"token_logprobs: temperature={temperature!r} must be > 0 (a batch's "
@@ -105,6 +108,8 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
         outputs = _forward(model, input_ids[index, :w], attention_mask[index, :w], entropy, temperature, head_chunk)
         parts.append(torch.stack([F.pad(x, (0, width - w)) for x in outputs if x is not None]))
         rows.append(index)
+    for _ in range(min_forwards - len(rows)):  # padding forwards: their collectives line up with other ranks'
+        _forward(model, input_ids[rows[0][:1]], attention_mask[rows[0][:1]], entropy, temperature, head_chunk)
     inverse = torch.cat(rows).argsort()
     out = torch.cat(parts, dim=1)[:, inverse] * attention_mask.to(parts[0].dtype)
     return out[0], out[1] if entropy else None

@@ -77,6 +77,13 @@ class PolicySource:
     adapter named :data:`ADAPTER` and the base weights frozen; the reference policy is then the base with
     adapters disabled (no copy). Methods with more roles add adapters beside it (DPA-GRPO's verifier).
 
+    Precision: the weights that train are fp32 master weights whatever the checkpoint's dtype and ``dtype``
+    (:meth:`load`); ``dtype`` is the dtype of the weights that never train (a LoRA policy's frozen base, a frozen
+    judge's model), which they are stored and computed in. The compute dtype of training is the trainer's:
+    ``trainer.precision=bf16-mixed`` autocasts the forward to bf16 over the fp32 weights (and under FSDP2
+    all-gathers them in bf16, :meth:`~lit_credit.methods.base.PolicyModule.configure_model`), so an update
+    smaller than a bf16 ulp still moves a weight; ``32-true`` computes in fp32.
+
     ``embedded`` is any :class:`~lit_credit.models.embedded.CachedPolicy`, built once into a cache directory:
     the embedded tiny policy (:class:`~lit_credit.models.embedded.EmbeddedPolicy`) or SmolLM2 converted from its GGUF
     (:class:`~lit_credit.models.smollm2.SmolLM2`, ``model=smollm2``). ``head_chunk_tokens``: the trainer's
@@ -93,7 +100,8 @@ class PolicySource:
             raise ValueError("model.path is null and model.embedded is null: give a local HF model directory "
                              "as model.path=/dir, or keep the default embedded policy")
         if dtype not in _DTYPES:
-            raise ValueError(f"model.dtype={dtype!r}: use one of {sorted(_DTYPES)}")
+            raise ValueError(f"model.dtype={dtype!r}: the dtype of the weights that never train (a LoRA base, a "
+                             f"frozen judge); use one of {sorted(_DTYPES)}")
         if head_chunk_tokens is not None and head_chunk_tokens < 1:
             raise ValueError(f"model.head_chunk_tokens={head_chunk_tokens}: tokens per LM-head chunk, >= 1 (null: "
                              "the model's own [B, T, V] logits)")
@@ -106,8 +114,14 @@ class PolicySource:
         (:meth:`EmbeddedPolicy.build`: the SFT warm start, minutes on CPU the first time; a cache hit after)."""
         return str(self.path) if self.path is not None else str(self.embedded.build())
 
-    def load(self) -> tuple[torch.nn.Module, Any]:
-        """``(model, tokenizer)`` from the prepared directory; builds and trains nothing."""
+    def load(self, trainable: bool = True) -> tuple[torch.nn.Module, Any]:
+        """``(model, tokenizer)`` from the prepared directory; builds and trains nothing.
+
+        ``trainable`` (the policy): every parameter that trains is fp32, the master weight the optimiser updates;
+        without LoRA the whole model is loaded in fp32 (from a bf16 checkpoint exactly its values; from an fp32
+        one without rounding), with LoRA the frozen base stays in ``dtype`` and the adapters (and any
+        ``modules_to_save``) are fp32. ``trainable=False`` (a frozen model that is never trained: a judge, a tool
+        simulator): every weight in ``dtype``, half the memory of fp32 in bf16."""
         if self.path is not None:
             where = str(self.path)
         elif self.embedded.built:
@@ -120,11 +134,16 @@ class PolicySource:
         tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=_DTYPES[self.dtype], local_files_only=True)
+        dtype = torch.float32 if trainable and self.lora is None else _DTYPES[self.dtype]
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, local_files_only=True)
         if self.activation_checkpointing:
             checkpoint_layers(model)
         if self.lora is not None:
             from peft import get_peft_model
 
             model = get_peft_model(model, self.lora, adapter_name=self.ADAPTER)
+        if trainable:
+            for param in model.parameters():
+                if param.requires_grad and param.dtype != torch.float32:  # LoRA's modules_to_save
+                    param.data = param.data.float()
         return model, tokenizer

@@ -50,7 +50,8 @@ class Experience:
     @property
     def sleep_mode(self) -> bool:
         """Whether the engine frees its memory between generation phases: its ``enable_sleep_mode`` (vLLM's
-        ``rollout.enable_sleep_mode``); False for an engine without one (HFEngine shares the trainer's policy)."""
+        ``rollout.enable_sleep_mode``; HFEngine's is True for an FSDP2 policy, which it gathers for generation);
+        False for an engine without one."""
         return bool(getattr(self.engine, "enable_sleep_mode", False))
 
     def release(self) -> None:
@@ -99,13 +100,16 @@ class Experience:
         prompts = [codec.prompt_ids(m) for m in messages]
         return prompts, self.sample(prompts, sampling)
 
-    def rollouts(self, rows: list[dict[str, Any]], groups: list[int], sampling: SamplingParams) -> RolloutBatch:
-        """``sampling.n`` episodes per row (group ``groups[i]``), run against the environment and scored: a
-        RolloutBatch on CPU with finite rewards (:func:`finite_scores`) and the reward's ``part_weights``."""
+    def rollouts(self, rows: list[dict[str, Any]], groups: list[int], sampling: SamplingParams,
+                 seeds: list[int] | None = None) -> RolloutBatch:
+        """``sampling.n`` episodes per row (group ``groups[i]``, seed ``seeds[i]``: :func:`run_episodes`), run
+        against the environment and scored: a RolloutBatch on CPU with finite rewards (:func:`finite_scores`) and
+        the reward's ``part_weights``."""
         codec = self._require_codec()
         start = time.perf_counter()
         self._wake()  # released and not synced since (no update in between): generation needs the engine awake
-        episodes = run_episodes(self.engine, codec, self.env, rows, groups, sampling, self.max_turns, self.retry)
+        episodes = run_episodes(self.engine, codec, self.env, rows, groups, sampling, self.max_turns, self.retry,
+                                seeds)
         temperature = 1.0 if sampling.greedy else sampling.temperature
         batch = finite_scores(to_batch(episodes, [self.score(e) for e in episodes], codec.pad_id, temperature))
         batch.reward_weights = {k: float(v) for k, v in (getattr(self.reward, "part_weights", None) or {}).items()}

@@ -18,7 +18,7 @@ class TextGenerator:
 
     def __init__(self, path: str, engine: RolloutEngine | None = None, max_new_tokens: int = 256,
                  dtype: str = "float32") -> None:
-        model, tokenizer = PolicySource(path=path, dtype=dtype).load()
+        model, tokenizer = PolicySource(path=path, dtype=dtype).load(trainable=False)
         model.eval().requires_grad_(False)
         self.engine = engine if engine is not None else HFEngine()
         self.engine.bind(model, tokenizer)

@@ -13,6 +13,7 @@ import torch
 from lit_credit.backends import BackendFailure, Retry, count
 from lit_credit.interfaces import Environment, RolloutEngine
 from lit_credit.models.chat import ChatCodec
+from lit_credit.rollout.seeds import mix_seed
 from lit_credit.types import Completion, Feedback, RewardResult, RolloutBatch, SamplingParams
 
 
@@ -61,13 +62,14 @@ FAILED = Completion([], [], "", "error")
 
 
 def generate(engine: RolloutEngine, prompts: list[list[int]], sampling: SamplingParams,
-             retry: Retry | None = None) -> list[list[Completion]]:
-    """``engine.generate`` through ``retry``; when every attempt fails each prompt gets ``sampling.n`` empty
-    completions with finish reason ``"error"`` (no tokens to learn from, a zero score from the reward)."""
+             retry: Retry | None = None, seeds: list[int] | None = None) -> list[list[Completion]]:
+    """``engine.generate`` (prompt ``i`` seeded ``seeds[i]``, or by the engine) through ``retry``; when every
+    attempt fails each prompt gets ``sampling.n`` empty completions with finish reason ``"error"`` (no tokens to
+    learn from, a zero score from the reward)."""
     if retry is None:
-        return engine.generate(prompts, sampling)
+        return engine.generate(prompts, sampling, seeds)
     try:
-        return retry(engine.generate, prompts, sampling)
+        return retry(engine.generate, prompts, sampling, seeds)
     except BackendFailure:
         return [[FAILED] * sampling.n for _ in prompts]
 
@@ -83,13 +85,15 @@ def env_step(env: Environment, row: dict[str, Any], turn: int, text: str) -> Fee
 
 def run_episodes(engine: RolloutEngine, codec: ChatCodec, env: Environment, rows: list[dict[str, Any]],
                  group_ids: list[int], sampling: SamplingParams, max_turns: int = 1,
-                 retry: Retry | None = None) -> list[Episode]:
+                 retry: Retry | None = None, seeds: list[int] | None = None) -> list[Episode]:
     """``sampling.n`` episodes per row (grouped by ``group_ids``), each up to ``max_turns`` assistant turns;
-    engine calls go through ``retry`` (:func:`generate`)."""
+    engine calls go through ``retry`` (:func:`generate`). ``seeds[i]``: row i's seed (the engine's without):
+    the first turns are sampled with it, turn ``t > 0`` of the row's episode ``k`` with ``mix_seed(seeds[i], k, t)``,
+    so an episode's every turn is a function of its seed."""
     prompts = [codec.prompt_ids(r["prompt"], tool_schemas(r)) for r in rows]
     episodes = [Episode(row=r, group=g, token_ids=list(p))
                 for r, g, p in zip(rows, group_ids, prompts) for _ in range(sampling.n)]
-    completions = [c for per_prompt in generate(engine, prompts, sampling, retry) for c in per_prompt]
+    completions = [c for per_prompt in generate(engine, prompts, sampling, retry, seeds) for c in per_prompt]
     active = list(range(len(episodes)))
     for turn in range(max_turns):
         still = []
@@ -107,7 +111,9 @@ def run_episodes(engine: RolloutEngine, codec: ChatCodec, env: Environment, rows
         active = still
         if not active:
             break
-        follow = generate(engine, [episodes[i].token_ids for i in active], replace(sampling, n=1), retry)
+        follow_seeds = None if seeds is None else \
+            [mix_seed(seeds[i // sampling.n], i % sampling.n, turn + 1) for i in active]
+        follow = generate(engine, [episodes[i].token_ids for i in active], replace(sampling, n=1), retry, follow_seeds)
         completions = [per_prompt[0] for per_prompt in follow]
     return episodes
 

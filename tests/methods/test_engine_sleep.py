@@ -23,7 +23,11 @@ class Recording:
 
     def __init__(self, *args, sleep_mode: bool, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.enable_sleep_mode, self.events = sleep_mode, []
+        self.sleep_mode, self.events = sleep_mode, []
+
+    @property
+    def enable_sleep_mode(self) -> bool:
+        return self.sleep_mode
 
     def _record(self, name: str) -> None:
         self.events.append((name, torch.cat([p.detach().flatten().clone() for p in self.model.parameters()])))
@@ -32,9 +36,9 @@ class Recording:
         super().bind(model, tokenizer)
         self._record("bind")
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         self._record("generate")
-        return super().generate(prompts, sampling)
+        return super().generate(prompts, sampling, seeds)
 
     def update_weights(self, model):
         self._record("update_weights")

@@ -40,7 +40,7 @@ def test_fast_dev_run_updates_the_policy(method, make_cfg):
         kept = float(metrics["train/kept_frac"])
         assert kept == pytest.approx(found / (16 * draws))  # kept groups / drawn groups
         # the extras past 16 are dropped: kept <= the drawn groups' share with a spread (over every draw)
-        assert kept <= 1.0 - float(metrics["train/zero_variance_groups"]) + 1e-9
+        assert kept <= 1.0 - float(metrics["train/zero_variance_groups"]) + 1e-6  # both float32 metrics
 
 
 

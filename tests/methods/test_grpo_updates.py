@@ -132,7 +132,7 @@ def test_micro_batch_backward_gives_the_whole_batch_gradient(loss, make_cfg):
     module, datamodule, trainer = build(make_cfg(*overrides, f"loss={loss}", "loss.kl_coef=0.05",
                                                  "method.num_minibatches=1"))
     seen, run = {}, module.backward_by_micro_batch
-    module.backward_by_micro_batch = lambda batch, *a: seen.setdefault("batch", batch) and run(batch, *a)
+    module.backward_by_micro_batch = lambda batch, *a, **kw: seen.setdefault("batch", batch) and run(batch, *a, **kw)
     trainer.fit(module, datamodule=datamodule)  # the step's real rollout batch, and a trainer to backward with
     batch, mask = seen["batch"], seen["batch"].response_mask
     g = torch.Generator().manual_seed(0)

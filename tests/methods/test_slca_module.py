@@ -95,7 +95,7 @@ class ScriptedToolEngine:
             return tool_call_text(step), -1.0
         return tool_call_text(step), -0.1
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         out = []
         for ids in prompts:
             text = self.tok.decode(ids)

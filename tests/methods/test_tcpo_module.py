@@ -51,7 +51,8 @@ def test_counterfactual_resampling_uses_exact_histories_and_the_verifier(make_cf
     calls, seen = [], []
     engine = datamodule.experience.engine
     generate = engine.generate
-    engine.generate = lambda prompts, sampling: calls.append((prompts, sampling)) or generate(prompts, sampling)
+    engine.generate = lambda prompts, sampling, seeds=None: calls.append((prompts, sampling)) or \
+        generate(prompts, sampling, seeds)
     augment = module.augment_experience
     module.augment_experience = lambda batch: seen.append(batch) or augment(batch)
     trainer.fit(module, datamodule=datamodule)
@@ -92,7 +93,7 @@ def test_baselines_and_method_share_the_module(credit, make_cfg):
     seen, calls = [], []
     engine = datamodule.experience.engine
     generate = engine.generate
-    engine.generate = lambda prompts, sampling: calls.append(sampling.n) or generate(prompts, sampling)
+    engine.generate = lambda prompts, sampling, seeds=None: calls.append(sampling.n) or generate(prompts, sampling, seeds)
     augment = module.augment_experience
     module.augment_experience = lambda batch: seen.append(batch) or augment(batch)
     trainer.fit(module, datamodule=datamodule)

@@ -77,7 +77,7 @@ class ScriptedEngine:
     def __init__(self, codec, replies: list[str]) -> None:
         self.codec, self.replies = codec, list(replies)
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         from lit_credit.types import Completion
 
         out = []

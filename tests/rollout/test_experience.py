@@ -38,7 +38,7 @@ class FakeEngine:
         self.calls.append("bind")
         self.eos = tokenizer.eos_token_id
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         self.calls.append(("generate", [list(p) for p in prompts], sampling.n))
         if self.fails > 0:
             self.fails -= 1

@@ -58,7 +58,7 @@ class Scripted:
         ids = [*self.tokenizer(text, add_special_tokens=False)["input_ids"], self.tokenizer.eos_token_id]
         return Completion(ids, [0.0] * len(ids), text)
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         texts, self.calls = self.script[self.calls], self.calls + 1
         if sampling.n > 1:
             return [[self.completion(x) for x in texts]]
