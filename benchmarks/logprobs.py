@@ -17,14 +17,13 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from benchmarks.machine import write_results
+from benchmarks.machine import in_subprocess, write_results
 from lit_credit.models.logprobs import token_logprobs
 
 
@@ -83,9 +82,7 @@ def main() -> None:
     forwarded = sys.argv[1:]
     results = {}
     for variant in ("padded", "budget", "chunked"):
-        done = subprocess.run([sys.executable, "-m", "benchmarks.logprobs", *forwarded, "--variant", variant],
-                              capture_output=True, text=True, check=True)
-        results[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+        results[variant] = in_subprocess("benchmarks.logprobs", *forwarded, "--variant", variant)
     before, after, chunked = results["padded"], results["budget"], results["chunked"]
     real, padded = before["real_tokens"], before["padded_tokens"]
     print(f"{args.rows} rows, lengths up to {args.max_len}: {real} real tokens in a {padded}-token padded batch "

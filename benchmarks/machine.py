@@ -1,5 +1,6 @@
 """What a benchmark ran on (CPU, cores, memory, load, package versions, git state) and how its results are
-written: ``write_results(path, report)`` stores the report with ``machine()`` under ``"machine"``."""
+written: ``write_results(path, report)`` stores the report with ``machine()`` under ``"machine"``;
+``in_subprocess(module, *args)`` runs one measurement in a fresh process."""
 from __future__ import annotations
 
 import importlib.metadata as metadata
@@ -8,6 +9,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +60,12 @@ def write_results(path: str | os.PathLike[str], report: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"machine": machine(), **report}, indent=1) + "\n")
     return path
+
+
+def in_subprocess(module: str, *args: str) -> dict[str, Any]:
+    """``python -m module *args`` in a fresh process (its own peak memory, no state from the last case): the JSON
+    object on its last line of output; exits with its error output when it fails."""
+    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{module} {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

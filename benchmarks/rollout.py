@@ -16,12 +16,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.machine import write_results
+from benchmarks.machine import in_subprocess, write_results
 
 CACHE = Path(os.environ.get("LIT_CREDIT_CACHE", ".cache/lit-credit"))
 
@@ -86,11 +85,8 @@ def main() -> None:
     print("| workload | engine | generated tokens/s | mean tokens per completion | start-up s |\n|---|---|---|---|---|")
     for workload in ("arith", "long"):
         for name in ("hf", "vllm"):
-            done = subprocess.run([sys.executable, "-m", "benchmarks.rollout", *sys.argv[1:], "--engine", name,
-                                   "--workload", workload], capture_output=True, text=True)
-            if done.returncode:
-                sys.exit(f"{name} engine failed:\n{done.stderr[-3000:]}")
-            r = results[f"{workload}/{name}"] = json.loads(done.stdout.strip().splitlines()[-1])
+            r = results[f"{workload}/{name}"] = in_subprocess("benchmarks.rollout", *sys.argv[1:], "--engine", name,
+                                                              "--workload", workload)
             print(f"| {workload} | {name} | {r['tokens_per_s']:.0f} | {r['mean_completion_tokens']:.1f} | "
                   f"{r['startup_s']:.1f} |")
     for workload in ("arith", "long"):

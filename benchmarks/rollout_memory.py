@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 
-from benchmarks.machine import write_results
+from benchmarks.machine import in_subprocess, write_results
 
 
 def _rss_mib() -> float:
@@ -86,11 +85,7 @@ def main() -> None:
     print("| behaviour log-probs | peak memory of the rollout, MiB | generated tokens | seconds |\n|---|---|---|---|")
     results = {}
     for mode in ("stacked", "streamed"):
-        done = subprocess.run([sys.executable, "-m", "benchmarks.rollout_memory", *sys.argv[1:], "--mode", mode],
-                              capture_output=True, text=True)
-        if done.returncode:
-            sys.exit(f"{mode} failed:\n{done.stderr[-3000:]}")
-        r = results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        r = results[mode] = in_subprocess("benchmarks.rollout_memory", *sys.argv[1:], "--mode", mode)
         print(f"| {mode} | {r['peak_rss_mib']:.0f} | {r['tokens']} | {r['seconds']:.1f} |")
     write_results(args.out, {"args": vars(args) | {"mode": None}, "nlv_gib": gib, **results})
 

@@ -92,6 +92,7 @@ from typing import Any
 
 import torch
 
+from lit_credit.distributed import world as distributed_world
 from lit_credit.models.policy import is_peft
 from lit_credit.types import Completion, SamplingParams
 
@@ -172,15 +173,6 @@ def _stream(tensors: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tenso
 
     for name, tensor in tensors.items():
         yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
-def _world() -> tuple[int, int]:
-    """``(rank, world size)`` of the initialised default process group, ``(0, 1)`` without one."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 @contextlib.contextmanager
@@ -320,7 +312,7 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
-        rank, world = _world()
+        rank, world = distributed_world()
         self._external = world > 1
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0" and not self._external:
             log.warning("VLLM_ENABLE_V1_MULTIPROCESSING=%s: weight pushes are serialised to the engine process "
