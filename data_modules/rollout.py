@@ -33,9 +33,6 @@ class OneBatch(IterableDataset):
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
         yield self.rows
 
-    def __len__(self) -> int:
-        return 1
-
 
 class PromptStream(IterableDataset):
     """An endless stream of prompt batches, each handed out once, that a resumed run can re-enter exactly.
