@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
+from lit_credit.analysis.compare import run_scalars
 from lit_credit.distributed import CLAIM, RUN_ID, claim_run_dir, launch_rank, share
 from tests.conftest import FAST_MODEL, FAST_TASK
 
@@ -54,6 +55,11 @@ def test_ddp_cpu_through_lit_credit_shards_prompts_claims_once_and_resumes(tmp_p
         assert step.groupby("group")["rollout"].nunique().eq(2).all()
     state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert state["global_step"] == 2 and len(state["rng_states_by_rank"]) == 2
+    # the estimator's metrics are the whole step's: credit/adv_abs_max of step k (logged at index k - 1) is
+    # the largest |advantage| of a learnable token in both ranks' records (rank 0 alone would hold it by chance)
+    logged = run_scalars(run)["credit/adv_abs_max"]
+    for step, rows in frame.groupby("step"):
+        assert logged[step - 1] == pytest.approx(rows[["advantage_min", "advantage_max"]].abs().to_numpy().max(), rel=1e-5)
 
     unrelated = lit_credit(cache_dir, "trainer.max_steps=2", f"hydra.run.dir={run}")
     assert unrelated.returncode != 0 and "already holds a run" in unrelated.stderr
@@ -130,6 +136,57 @@ def test_a_hydra_sweep_of_two_process_runs(tmp_path, cache_dir):
         assert seed in (sweep / job / ".hydra" / "overrides.yaml").read_text()
         assert set(records(sweep / job)["rank"]) == {0, 1}
     assert not (sweep / "2").exists()  # rank 1 re-ran one job, not the sweep
+
+
+@pytest.mark.slow
+def test_torchrun_starts_a_two_process_run_through_lit_credit(tmp_path, cache_dir):
+    """`torchrun --nproc_per_node=2 lit-credit ... trainer=ddp_cpu`: torchrun starts both ranks (Lightning sees
+    TorchElastic and launches nothing), rank 0 claims the directory under the rendezvous id, and each rank samples
+    its own prompt groups."""
+    run = tmp_path / "run"
+    script = Path(sys.executable).with_name("lit-credit")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", RUN_ID, "TORCHELASTIC_RUN_ID"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--no-python",
+           str(script), *ARGS, f"paths.cache_dir={cache_dir}", "trainer.max_steps=2", f"hydra.run.dir={run}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads((run / CLAIM).read_text())["run_id"].startswith("torchrun-")
+    frame = records(run)
+    assert set(frame["step"]) == {1, 2}
+    for _, step in frame.groupby("step"):
+        by_rank = {r: set(g["group"]) for r, g in step.groupby("rank")}
+        assert set(by_rank) == {0, 1} and not by_rank[0] & by_rank[1]
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert state["global_step"] == 2 and len(state["rng_states_by_rank"]) == 2
+
+
+@pytest.mark.slow
+def test_lit_credit_cli_starts_a_two_process_run(tmp_path, cache_dir):
+    """`lit-credit-cli fit --config conf/cli/grpo_arith.yaml --trainer.devices=2 --trainer.strategy=ddp`: Lightning
+    re-runs the CLI command for rank 1, which joins rank 0's directory; both ranks' groups reach the records."""
+    script = Path(sys.executable).with_name("lit-credit-cli")
+    embedded = "--model.init_args.policy.init_args.embedded.init_args."
+    cmd = [str(script), "fit", "--config", str(ROOT / "conf" / "cli" / "grpo_arith.yaml"),
+           f"{embedded}cache_dir={cache_dir}", *[f"{embedded}{o.removeprefix('model.embedded.')}" for o in FAST_MODEL],
+           "--data.prompts_per_step=4", "--data.sampling.init_args.n=2", "--data.sampling.init_args.max_new_tokens=8",
+           "--data.task.init_args.max_operand=9", f"{embedded}task.init_args.max_operand=9", "--trainer.max_steps=2",
+           "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.enable_progress_bar=false",
+           "--trainer.callbacks+=callbacks.CreditRecords", "--trainer.callbacks.dirpath=outputs/cli/grpo_arith/records",
+           "--trainer.callbacks.every_n_steps=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", RUN_ID, "TORCHELASTIC_RUN_ID"):
+        env.pop(key, None)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    run = tmp_path / "outputs" / "cli" / "grpo_arith"
+    assert json.loads((run / CLAIM).read_text())["run_id"]
+    frame = records(run)
+    for _, step in frame.groupby("step"):
+        by_rank = {r: set(g["group"]) for r, g in step.groupby("rank")}
+        assert set(by_rank) == {0, 1} and not by_rank[0] & by_rank[1]
+    assert torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 2
 
 
 def test_the_leader_claims_and_followers_join_only_their_own_launch(tmp_path, monkeypatch):

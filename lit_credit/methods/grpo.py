@@ -188,6 +188,7 @@ class GRPOModule(PolicyModule):
         leakage = credit_leakage(batch, advantages)
         if leakage == leakage:  # not NaN: a tool task with a summary score
             logs["credit/leakage"] = leakage
+        logs = self.over_ranks(logs, {k: max if k.endswith("max") else min for k in logs if k.endswith(("max", "min"))})
         if self.grad_cosine_every and self.global_step % self.grad_cosine_every == 0 and self.logger is not None:
             params = [p for p in self.policy.parameters() if p.requires_grad]
             cosine = segment_grad_cosine(self.loss, self._logprobs(self.policy, batch)[0], advantages,
@@ -273,14 +274,16 @@ class GRPOModule(PolicyModule):
 
     @staticmethod
     def over_ranks(logs: dict[str, float], reduce: Mapping[str, Any]) -> dict[str, float]:
-        """``logs`` of every rank in one: ``reduce[key]`` (min, max) or the mean over the ranks. The losses are
-        exact (each rank's is its share of the whole minibatch's, :meth:`minibatch_loss`, times the world
-        size); the token means (KL, clip fractions, the engine gap, entropy) are means of the ranks' means,
-        exact when the ranks hold as many tokens. One process: ``logs``."""
+        """``logs`` of every rank in one: ``reduce[key]`` (min, max) or the mean over the ranks that logged the
+        key (a credit metric of a turn kind only some ranks saw). The losses are exact (each rank's is its share
+        of the whole minibatch's, :meth:`minibatch_loss`, times the world size); the token means (KL, clip
+        fractions, the engine gap, entropy, the credit's ``adv_mean`` / ``adv_std``) are means of the ranks'
+        means, exact when the ranks hold as many tokens; maxima and minima are exact. One process: ``logs``."""
         ranks = gather_objects(logs)
         if len(ranks) == 1:
             return logs
-        return {k: reduce.get(k, lambda v: sum(v) / len(v))([r[k] for r in ranks]) for k in logs}
+        keys = dict.fromkeys(k for r in ranks for k in r)
+        return {k: reduce.get(k, lambda v: sum(v) / len(v))([r[k] for r in ranks if k in r]) for k in keys}
 
     def check_logprob_gap(self, gap: float) -> None:
         if self.max_logprob_gap is not None and gap > self.max_logprob_gap:
