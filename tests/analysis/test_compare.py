@@ -1,4 +1,5 @@
-"""The comparison protocol (lit_credit.analysis.compare): the paired bootstrap by hand, arms from overrides,
+"""The comparison protocol (lit_credit.analysis.compare): the paired t interval, test, detectable effect,
+Holm and the expanded bootstrap by hand (their coverage: tests/analysis/test_coverage.py), arms from overrides,
 pairing by seed, baselines per context, the table, the errors, and the command on real TensorBoard event files
 in the sweep layout (and, slow, on a real `lit-credit -m` sweep)."""
 from __future__ import annotations
@@ -22,9 +23,13 @@ from lit_credit.analysis.compare import (
     compare,
     load_runs,
     main,
+    detectable_effect,
+    holm,
     paired_bootstrap,
+    paired_t,
     parse_spec,
     plot,
+    t_test,
     table,
 )
 from lit_credit.analysis.records import write_shard
@@ -77,37 +82,74 @@ def sweep(tmp_path):
     return tmp_path
 
 
-# ---------------------------------------------------------------------------------------------- bootstrap
+# ---------------------------------------------------------------------------------------------- statistics
+# The SWEEP's SLCA differences d = 0.25, 0.25, 0 by hand: mean 1/6; deviations 1/12, 1/12, -1/6, so
+# s^2 = (1 + 1 + 4) / 144 / 2 = 3 / 144, s = sqrt(3) / 12, s / sqrt(3) = 1/12. t_{2, 0.975} = 4.302653 (tables),
+# half-width 4.302653 / 12 = 0.358554: [1/6 - 0.358554, 1/6 + 0.358554] = [-0.191888, +0.525221].
+# The t statistic is (1/6) / (1/12) = 2; with 2 degrees of freedom P(T > t) = (1 - t / sqrt(t^2 + 2)) / 2, so
+# p = 1 - 2 / sqrt(6) = 0.183503.
+T975_DF2 = 4.302653
+
+
+def test_the_t_interval_and_test_by_hand():
+    mean, low, high = paired_t([0.25, 0.25, 0.0])
+    assert mean == pytest.approx(1 / 6)
+    assert (low, high) == (pytest.approx(1 / 6 - T975_DF2 / 12, abs=1e-6), pytest.approx(1 / 6 + T975_DF2 / 12, abs=1e-6))
+    assert t_test([0.25, 0.25, 0.0]) == pytest.approx(1 - 2 / math.sqrt(6))
+    # two seeds {0, 1}: mean 0.5, s = sqrt(0.5), s / sqrt(2) = 0.5, t_{1, 0.975} = 12.706205: 0.5 +- 6.353103
+    assert paired_t([0.0, 1.0])[1:] == (pytest.approx(0.5 - 6.353103, abs=1e-5), pytest.approx(0.5 + 6.353103, abs=1e-5))
+    # with 1 degree of freedom P(T > t) = 1/2 - atan(t) / pi: t = 1 gives p = 2 (1/2 - 1/4) = 0.5
+    assert t_test([0.0, 1.0]) == pytest.approx(0.5)
+
+
 def test_equal_differences_give_a_zero_width_interval_at_that_value():
-    assert paired_bootstrap([0.3] * 5) == (pytest.approx(0.3), pytest.approx(0.3), pytest.approx(0.3))
-    assert paired_bootstrap([-1.5]) == (-1.5, -1.5, -1.5)
+    assert paired_t([0.3] * 5) == (pytest.approx(0.3), pytest.approx(0.3), pytest.approx(0.3))
+    assert paired_t([-1.5]) == (-1.5, -1.5, -1.5)
+    assert t_test([0.3] * 5) == 0.0 and t_test([0.0] * 5) == 1.0 and t_test([-1.5]) is None
 
 
-def test_two_seeds_give_the_interval_between_them():
-    # Resampling 2 seeds {0, 1}: means 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4. 2.5 % < 1/4, so the 2.5th
-    # percentile is 0 and the 97.5th is 1 (10 000 resamples: the share of zeros is 25 % +- 0.4 %).
-    assert paired_bootstrap([0.0, 1.0]) == (0.5, 0.0, 1.0)
-    # {0.25, 0.25, 0}: all three resampled from the zero has probability (1/3)^3 = 3.7 % > 2.5 %, all three
-    # from the 0.25s (2/3)^3 = 29.6 % > 2.5 %: the interval is [0, 0.25] (touches 0: does not exclude it).
-    assert paired_bootstrap([0.25, 0.25, 0.0]) == (pytest.approx(1 / 6), 0.0, 0.25)
+def test_the_detectable_effect_has_its_power():
+    """delta / sd for 80 % power at alpha 0.05 from the noncentral t: 3.264 at 3 seeds, 1.682 at 5, 0.996 at 10;
+    the normal approximation (z_0.975 + z_0.8) / sqrt(n) = 2.8016 / sqrt(n) is its large-n limit. Checked by
+    simulation: 20 000 normal designs at that delta reject 80 % +- 1 % of the time (binomial sd 0.28 %)."""
+    import numpy as np
+    from scipy import stats
+
+    assert [round(detectable_effect(1.0, n), 3) for n in (3, 5, 10)] == [3.264, 1.682, 0.996]
+    assert detectable_effect(1.0, 400) == pytest.approx(2.8016 / 20, rel=0.01)
+    assert detectable_effect(0.5, 5) == pytest.approx(0.5 * detectable_effect(1.0, 5))
+    assert detectable_effect(0.0, 5) == 0.0 and detectable_effect(1.0, 1) is None
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 5, 10):
+        d = rng.normal(detectable_effect(1.0, n), 1.0, size=(20_000, n))
+        t = d.mean(1) / (d.std(1, ddof=1) / np.sqrt(n))
+        assert abs((np.abs(t) > stats.t.ppf(0.975, n - 1)).mean() - 0.8) < 0.01, n
 
 
-def test_the_bootstrap_is_seeded():
-    d = [0.1, -0.2, 0.3, 0.05, 0.15]
-    # mean = 0.4 / 5 = 0.08 by hand; the interval pinned from numpy.random.default_rng(0) / (1), 10 000 resamples
-    assert paired_bootstrap(d) == (pytest.approx(0.08), pytest.approx(-0.08), pytest.approx(0.22))
-    assert paired_bootstrap(d, seed=1) == (pytest.approx(0.08), pytest.approx(-0.08), pytest.approx(0.21))
-    assert paired_bootstrap(d) == paired_bootstrap(d)
-    # a 50 % interval lies inside the 95 % one
-    _, low, high = paired_bootstrap(d, level=0.5)
-    assert -0.08 < low < 0.08 < high < 0.22
+def test_holm_by_hand():
+    # sorted 0.01, 0.03, 0.04 (m = 3): 3 x 0.01 = 0.03, max(0.03, 2 x 0.03) = 0.06, max(0.06, 1 x 0.04) = 0.06
+    assert holm([0.01, 0.04, None, 0.03]) == [pytest.approx(0.03), pytest.approx(0.06), None, pytest.approx(0.06)]
+    assert holm([0.5, 0.9]) == [pytest.approx(1.0), pytest.approx(1.0)]  # min(1, 2 x 0.5), then max with 0.9
+    assert holm([]) == []
 
 
-def test_the_bootstrap_refuses_empty_and_non_finite_differences():
+def test_the_expanded_bootstrap_is_refused_below_ten_seeds_and_widens_the_percentile():
+    with pytest.raises(CompareError, match="needs at least 10 seeds.*fix: --interval t"):
+        paired_bootstrap([0.1, -0.2, 0.3, 0.05, 0.15])
+    d = [0.1, -0.2, 0.3, 0.05, 0.15, 0.0, 0.2, -0.1, 0.12, 0.08]
+    mean, low, high = paired_bootstrap(d)
+    assert mean == pytest.approx(0.07) and paired_bootstrap(d) == paired_bootstrap(d)  # seeded
+    # at 10 seeds a' = 2 Phi(sqrt(10/9) t_{9, 0.025}) = 0.0356: wider than the plain 95 % percentile, and close to t
+    import numpy as np
+    means = np.asarray(d)[np.random.default_rng(0).integers(0, 10, size=(10_000, 10))].mean(1)
+    plain = np.percentile(means, [2.5, 97.5])
+    assert low < plain[0] and high > plain[1]
+    t_low, t_high = paired_t(d)[1:]
+    assert abs((high - low) / (t_high - t_low) - 1) < 0.1
     with pytest.raises(CompareError, match="no paired differences"):
-        paired_bootstrap([])
+        paired_t([])
     with pytest.raises(CompareError, match="NaN/inf"):
-        paired_bootstrap([0.1, float("nan")])
+        paired_t([0.1, float("nan")])
 
 
 # ---------------------------------------------------------------------------------------------- arms, pairing
@@ -150,10 +192,15 @@ def test_runs_are_paired_by_seed(sweep):
     slca = rows["credit=slca"]
     # the runs were written with seeds 2, 1, 0: paired by seed, not by job number
     assert slca.seeds == ["0", "1", "2"] and slca.values == [0.75, 0.5, 0.75] and slca.baseline_values == [0.5, 0.25, 0.75]
-    assert (slca.difference, slca.low, slca.high) == (pytest.approx(1 / 6), 0.0, 0.25) and slca.excludes_zero is False
+    assert slca.difference == pytest.approx(1 / 6) and slca.excludes_zero is False
+    assert (slca.low, slca.high) == (pytest.approx(-0.191888, abs=1e-6), pytest.approx(0.525221, abs=1e-6))
+    assert slca.p_value == pytest.approx(1 - 2 / math.sqrt(6)) and slca.p_holm is None
     assert (rows["credit=rloo"].low, rows["credit=rloo"].high, rows["credit=rloo"].excludes_zero) == (0.25, 0.25, True)
     control = rows["credit=grpo method.optimizer.lr=0"]
-    assert (control.difference, control.low, control.high) == (pytest.approx(-1 / 12), -0.25, 0.0)
+    # d = 0, 0, -0.25: the same spread as SLCA's, centred at -1/12; t = -1, p = 1 - 1 / sqrt(3)
+    assert (control.difference, control.low, control.high) == (
+        pytest.approx(-1 / 12), pytest.approx(-1 / 12 - T975_DF2 / 12, abs=1e-6), pytest.approx(-1 / 12 + T975_DF2 / 12, abs=1e-6))
+    assert control.p_value == pytest.approx(1 - 1 / math.sqrt(3))
     assert result.step == "10"  # the last step every run logged val/acc
 
 
@@ -161,32 +208,58 @@ def test_the_table(sweep):
     text = table(compare(sweep, "credit=grpo", "val/acc", control="method.optimizer.lr=0"))
     lines = text.splitlines()
     assert lines[0].startswith("`val/acc` at step 10 (the last step every run logged); baseline credit=grpo, frozen "
-                               "control method.optimizer.lr=0; paired by seed; 95 % percentile bootstrap interval")
-    assert "(10000 resamples of the seeds, seed 0)" in lines[0]
+                               "control method.optimizer.lr=0; paired by seed; 95 % Student-t interval")
+    assert "detectable: the smallest true difference found with 80% power at alpha 0.05" in lines[0]
+    # detectable = 3.264044 sd (3 seeds) x sqrt(3) / 12 = 0.471124 for SLCA and the control; 0 for RLOO (sd 0)
     assert lines[2:] == [
-        "| arm | seeds | arm mean | baseline mean | difference | 95 % interval | excludes 0 |",
-        "|---|---:|---:|---:|---:|---|---|",
+        "| arm | seeds | arm mean | baseline mean | difference | 95 % interval | per-seed differences | p | "
+        "detectable | verdict |",
+        "|---|---:|---:|---:|---:|---|---|---:|---:|---|",
         # baseline mean (0.5 + 0.25 + 0.75) / 3 = 0.5
-        "| credit=grpo (baseline) | 3 | 0.5000 | | | | |",
-        # slca mean (0.75 + 0.5 + 0.75) / 3 = 0.6667; d mean 1/6; interval [0, 0.25] (see the bootstrap test)
-        "| credit=slca | 3 | 0.6667 | 0.5000 | +0.1667 | [+0.0000, +0.2500] | no |",
-        "| credit=rloo | 3 | 0.7500 | 0.5000 | +0.2500 | [+0.2500, +0.2500] | yes |",
-        # control mean (0.5 + 0.25 + 0.5) / 3 = 0.4167; d = 0, 0, -0.25: mean -1/12, interval [-0.25, 0]
-        "| credit=grpo method.optimizer.lr=0 (control) | 3 | 0.4167 | 0.5000 | -0.0833 | [-0.2500, +0.0000] | no |",
-        "",
-        "Fewer than 5 seeds (3): the interval is wide or, with 1 seed, says nothing.",
+        "| credit=grpo (baseline) | 3 | 0.5000 | | | | | | | |",
+        # slca mean (0.75 + 0.5 + 0.75) / 3 = 0.6667; d mean 1/6; interval and p as derived above
+        "| credit=slca | 3 | 0.6667 | 0.5000 | +0.1667 | [-0.1919, +0.5252] | 0:+0.2500 1:+0.2500 2:+0.0000 | "
+        "0.184 | 0.4711 | no difference larger than 0.5252 |",
+        "| credit=rloo | 3 | 0.7500 | 0.5000 | +0.2500 | [+0.2500, +0.2500] | 0:+0.2500 1:+0.2500 2:+0.2500 | "
+        "<0.001 | 0.0000 | higher (by 0.2500) |",
+        # control mean (0.5 + 0.25 + 0.5) / 3 = 0.4167; d = 0, 0, -0.25
+        "| credit=grpo method.optimizer.lr=0 (control) | 3 | 0.4167 | 0.5000 | -0.0833 | [-0.4419, +0.2752] | "
+        "0:+0.0000 1:+0.0000 2:-0.2500 | 0.423 | 0.4711 | no difference larger than 0.4419 |",
     ]
+
+
+def test_a_family_gets_holm_verdicts_and_simultaneous_intervals(sweep):
+    """Three comparisons (SLCA, RLOO, the control): p = 0.1835, 0, 0.4226; Holm: 3 x 0 = 0, max(0, 2 x 0.1835) =
+    0.3670, max(0.3670, 0.4226) = 0.4226. The intervals are at 1 - 0.05 / 3 = 98.33 %: t_{2, 0.99167} = 7.6488
+    (scipy), SLCA 1/6 +- 7.6488 / 12."""
+    from scipy import stats
+
+    result = compare(sweep, "credit=grpo", "val/acc", control="method.optimizer.lr=0", family=True)
+    rows = {r.label: r for r in result.rows}
+    assert result.interval_level == pytest.approx(1 - 0.05 / 3)
+    slca = rows["credit=slca"]
+    assert slca.p_holm == pytest.approx(2 * (1 - 2 / math.sqrt(6)))
+    assert rows["credit=rloo"].p_holm == 0.0
+    assert rows["credit=grpo method.optimizer.lr=0"].p_holm == pytest.approx(1 - 1 / math.sqrt(3))
+    half = stats.t.ppf(1 - 0.05 / 6, 2) / 12
+    assert half == pytest.approx(7.6488 / 12, abs=1e-4) and slca.high == pytest.approx(1 / 6 + half)
+    text = table(result)
+    assert "Family of 3 comparisons: simultaneous (Bonferroni) intervals, verdicts by Holm-adjusted p < 0.05." in text
+    assert "| 98.33 % interval |" in text and "| p | Holm p | detectable | verdict |" in text
+    assert "| 0.184 | 0.367 | 0.4711 | no difference larger than" in text
 
 
 def test_the_frozen_start_is_the_baselines_runs_at_their_first_step(sweep):
     """Every run logged val/acc = 0.25 at step 0; the baseline's seeds read 0.5, 0.25, 0.75 at step 10, so the
-    start's paired differences are -0.25, 0, -0.5 (mean -0.25), the interval inside [-0.5, 0]."""
+    start's paired differences are -0.25, 0, -0.5: mean -0.25, s = 0.25, s / sqrt(3) = 0.144338, half-width
+    4.302653 x 0.144338 = 0.621034."""
     result = compare(sweep, "credit=grpo", "val/acc", control="method.optimizer.lr=0", start=True)
     start = result.rows[-1]
     assert (start.label, start.role, start.baseline) == ("credit=grpo at step 0", "start", "credit=grpo")
     assert result.start == {"credit=grpo": 0}
     assert start.values == [0.25, 0.25, 0.25] and start.baseline_values == [0.5, 0.25, 0.75]
-    assert start.difference == pytest.approx(-0.25) and -0.5 <= start.low <= start.high <= 0.0
+    assert start.difference == pytest.approx(-0.25)
+    assert (start.low, start.high) == (pytest.approx(-0.871034, abs=1e-6), pytest.approx(0.371034, abs=1e-6))
     text = table(result)
     assert "frozen start = the baseline's runs at step 0" in text.splitlines()[0]
     assert "| credit=grpo at step 0 (frozen start) | 3 | 0.2500 | 0.5000 | -0.2500 |" in text
@@ -270,7 +343,7 @@ def test_the_command_prints_the_table_and_writes_it_and_the_plot(sweep, tmp_path
     args = [str(sweep), "--baseline", "credit=grpo", "--metric", "val/acc"]
     main([*args, "--control", "method.optimizer.lr=0", "--out", str(out / "t.md"), "--plot", str(out / "f.png")])
     printed = capsys.readouterr().out
-    assert "| credit=rloo | 3 | 0.7500 | 0.5000 | +0.2500 | [+0.2500, +0.2500] | yes |" in printed
+    assert "| credit=rloo | 3 | 0.7500 | 0.5000 | +0.2500 | [+0.2500, +0.2500] |" in printed
     assert (out / "t.md").read_text() == table(compare(sweep, "credit=grpo", "val/acc",
                                                        control="method.optimizer.lr=0")) + "\n"
     assert (out / "f.png").read_bytes()[:8] == PNG
@@ -280,6 +353,10 @@ def test_the_command_prints_the_table_and_writes_it_and_the_plot(sweep, tmp_path
     assert len(load_runs(sweep)) == 12
     with pytest.raises(SystemExit, match="lit-credit-compare: no arm matches the baseline credit=nope"):
         main([str(sweep), "--baseline", "credit=nope", "--metric", "val/acc"])
+    with pytest.raises(SystemExit, match="lit-credit-compare: --interval bootstrap needs at least 10 seeds"):
+        main([*args, "--interval", "bootstrap"])
+    main([*args, "--family", "--out", str(out / "family.md"), "--plot", str(out / "family.png")])
+    assert "Holm p" in (out / "family.md").read_text()
 
 
 def test_the_plot_has_both_panels(sweep):
