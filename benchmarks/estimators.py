@@ -166,6 +166,16 @@ def _tool_cf(batch: RolloutBatch) -> RolloutBatch:
     return with_counterfactual(batch, "tool_turn_mask")
 
 
+def toolpo_parts(batch: RolloutBatch, *, seed: int = 3) -> RolloutBatch:
+    """ToolPO's reward parts: the binary outcome ``solved`` (0 on omissions) and the strict correct-call ratio
+    ``toolpo_correct_ratio`` on the levels {0, .25, .5, .75, 1}."""
+    g = torch.Generator().manual_seed(seed)
+    kept = 1 - batch.reward_parts["should_call_but_no_call"]
+    solved = (torch.rand(len(batch), generator=g) < 0.5).float() * kept
+    ratio = LEVELS[torch.randint(len(LEVELS), (len(batch),), generator=g)] * kept
+    return replace(batch, reward_parts={**batch.reward_parts, "solved": solved, "toolpo_correct_ratio": ratio})
+
+
 CASES = [
     Case("grpo", "grpo", {}),
     Case("dr_grpo", "dr_grpo", {}),
@@ -173,7 +183,8 @@ CASES = [
     Case("dpa", "dpa", {}, dpa_pairs),
     Case("mt_grpo", "mt_grpo", {}),
     Case("slca", "slca", {}),
-    Case("toolpo", "toolpo", {}),
+    Case("toolpo", "toolpo", {}, toolpo_parts),
+    Case("toolpo_process", "toolpo_process", {}),
     Case("tcpo", "tcpo", {"preset": "retro_hindsight"}),  # = preset tcpo without counterfactuals (cf = 0)
     Case("tcpo+cf", "tcpo", {"preset": "tcpo"}, with_counterfactual),
     Case("slca_tcpo", "slca_tcpo", {}),  # default preset retro_hindsight

@@ -147,23 +147,33 @@ def slca(batch: RolloutBatch, *, w_process: float = 1.0, w_summary: float = 1.0,
     return out
 
 
-def toolpo(batch: RolloutBatch, *, lam: float = 1.0, eps: float = 1e-6) -> Tensor:
-    """ToolPO: ``A_global = Norm(score)`` on every learnable token plus ``lam * A_tool`` (SLCA's tool
-    advantage, omission guard ``s_tool = 0``) on the tool tokens."""
-    parts, gids = batch.reward_parts, batch.group_ids.tolist()
-    score, process = parts.get("score", batch.scores).tolist(), parts["process"].tolist()
-    omitted = _omitted(batch, score)
-    tools, s_tool = [], []
-    for i in range(len(gids)):
-        tools.append(row_segments(batch.response_mask[i])[0])
-        s_tool.append(0.0 if omitted[i] else process[i])
-    a_global = group_norm(score, gids, eps=eps)
+def _toolpo(batch: RolloutBatch, outcome: list[float], s_tool: list[float], lam: float, eps: float) -> Tensor:
+    gids = batch.group_ids.tolist()
+    tools = [row_segments(batch.response_mask[i])[0] for i in range(len(gids))]
+    a_global = group_norm(outcome, gids, eps=eps)
     a_tool = group_norm(s_tool, gids, [bool(tool.any()) for tool in tools], eps=eps)
     out = _empty(batch)
     for i, tool in enumerate(tools):
         row = torch.where(batch.response_mask[i] > 0, a_global[i], 0.0)
         out[i] = row + torch.where(tool, lam * a_tool[i], 0.0)
     return out
+
+
+def toolpo(batch: RolloutBatch, *, lam: float = 1.0, eps: float = 1e-6) -> Tensor:
+    """ToolPO (official): ``A_global = Norm(solved)`` on every learnable token plus ``lam * A_tool`` on the
+    tool tokens, ``A_tool = Norm(toolpo_correct_ratio)`` over the rollouts with a tool segment; no omission
+    guard."""
+    parts = batch.reward_parts
+    return _toolpo(batch, parts["solved"].tolist(), parts["toolpo_correct_ratio"].tolist(), lam, eps)
+
+
+def toolpo_process(batch: RolloutBatch, *, lam: float = 1.0, eps: float = 1e-6) -> Tensor:
+    """ToolPO with HierR's rewards: ``A_global = Norm(score)`` on every learnable token plus ``lam * A_tool``
+    (SLCA's tool advantage, omission guard ``s_tool = 0``) on the tool tokens."""
+    parts = batch.reward_parts
+    score, process = parts.get("score", batch.scores).tolist(), parts["process"].tolist()
+    omitted = _omitted(batch, score)
+    return _toolpo(batch, score, [0.0 if omitted[i] else process[i] for i in range(len(score))], lam, eps)
 
 
 # --- TCPO (docs/methods.md §2) and SLCA x TCPO (§4) -----------------------------------------------------
@@ -185,10 +195,14 @@ def tcpo_turns(
     rho: float = 1.0,
     r0: float = 0.0,
     eps: float = 1e-6,
+    normalize: str = "std",
 ) -> list[list[float]]:
-    """Turn advantages ``A[i][k]`` of the presets ``retro``, ``retro_hindsight``, ``tcpo`` with
-    ``normalize="std"``: ``c = w_retro * retro + w_hind * hind + w_cf * cf``, ``A = c / (std_G c + eps)``
-    over the group's reached turns (no centring; 0 when fewer than 2)."""
+    """Turn advantages ``A[i][k]`` of the presets ``retro``, ``retro_hindsight``, ``tcpo``:
+    ``c = w_retro * retro + w_hind * hind + w_cf * cf``; ``normalize="std"``: ``A = c / (std_G c + eps)``
+    over the group's reached turns (no centring; 0 when fewer than 2); ``"turn_mean_std"``: ``A = Norm`` of c
+    within each (group, turn index) cell of reached turns."""
+    if normalize not in ("std", "turn_mean_std"):
+        raise ValueError(f"normalize={normalize!r}: the loop reference covers std and turn_mean_std")
     if preset not in ("retro", "retro_hindsight", "tcpo"):
         raise ValueError(f"preset={preset!r}: the loop reference covers the presets the benchmark times "
                          "(retro, retro_hindsight, tcpo); fix: pick one of those")
@@ -226,6 +240,9 @@ def tcpo_turns(
                     value += w_cf * (r[i][k] - math.fsum(sampled) / len(sampled))
             c[i][k] = value
             best = r[i][k] if best is None else max(best, r[i][k])
+    if normalize == "turn_mean_std":
+        flat = group_norm([v for row in c for v in row], cells, [v for row in reached for v in row], eps=eps)
+        return [flat[i * n_turns:(i + 1) * n_turns] for i in range(n_rows)]
     # std of c over each group's reached turns (Bessel), no centring
     members: dict[int, list[float]] = defaultdict(list)
     for i in range(n_rows):
@@ -262,12 +279,12 @@ def tcpo(batch: RolloutBatch, **settings) -> Tensor:
 
 
 def slca_tcpo(
-    batch: RolloutBatch, *, preset: str = "retro_hindsight", w_process: float = 1.0, w_summary: float = 1.0,
-    eps: float = 1e-6, **settings,
+    batch: RolloutBatch, *, preset: str = "retro_hindsight", normalize: str = "turn_mean_std",
+    w_process: float = 1.0, w_summary: float = 1.0, eps: float = 1e-6, **settings,
 ) -> Tensor:
     """SLCA x TCPO: the summary gets SLCA's ``A_sum``; each tool token of turn k gets
     ``w_process * A[i][k]``, A the TCPO turn advantages of the per-turn tool scores (omission guard: all
-    tool scores of an omitted rollout are 0)."""
+    tool scores of an omitted rollout are 0), centred per turn index by default (``turn_mean_std``)."""
     parts, gids = batch.reward_parts, batch.group_ids.tolist()
     score, summary = parts.get("score", batch.scores).tolist(), parts["summary"].tolist()
     turns = batch.turn_parts
@@ -280,7 +297,8 @@ def slca_tcpo(
         if omitted[i]:
             tool_scores[i] = [0.0] * len(tool_scores[i])
     a_sum = group_norm(s_sum, gids, [bool(sm.any()) for _, sm in segments], eps=eps)
-    a_turn = tcpo_turns(tool_scores, tool_turns, gids, preset=preset, eps=eps, **_tcpo_kwargs(batch, settings))
+    a_turn = tcpo_turns(tool_scores, tool_turns, gids, preset=preset, eps=eps, normalize=normalize,
+                        **_tcpo_kwargs(batch, settings))
     out = _empty(batch)
     for i, (tool, sm) in enumerate(segments):
         row = torch.tensor([w_process * a for a in a_turn[i]], dtype=out.dtype)
@@ -298,6 +316,7 @@ REFERENCES = {
     "mt_grpo": mt_grpo,
     "slca": slca,
     "toolpo": toolpo,
+    "toolpo_process": toolpo_process,
     "tcpo": tcpo,
     "slca_tcpo": slca_tcpo,
 }

@@ -77,7 +77,8 @@ def test_config_composes_and_instantiates(path, make_cfg, tmp_path):
     elif group == "model" and name == "smollm2":  # instantiating records the source; converting is prepare()'s
         cfg = make_cfg("model=smollm2", fast_model=False)
     elif "/" in group and not group.startswith("hydra"):  # a nested group, e.g. reward/judge, task/simulator
-        parent = {"reward": "reward=hierr", "task": "task=toolcall", "model": "model=embedded"}[group.split("/")[0]]
+        parent = {"reward": "reward=hierr", "task": "task=toolcall", "model": "model=embedded",
+                  "credit": "credit=grpo"}[group.split("/")[0]]
         model_path = [f"{group.replace('/', '.')}.generate_fn.path={embedded}"] if name == "llm" else []
         small = TOOLCALL_SMALL if parent == "task=toolcall" or parent == "reward=hierr" else []
         cfg = make_cfg(parent, f"{group}={name}", *model_path, *small, fast_task=not small)

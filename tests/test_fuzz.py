@@ -211,6 +211,7 @@ def rollout_batches(draw) -> RolloutBatch:
     parts = {
         "process": vec(unit, b), "summary": vec(unit, b), "score": vec(finite, b),
         "should_call_but_no_call": vec(st.sampled_from([0.0, 1.0]), b),
+        "solved": vec(st.sampled_from([0.0, 1.0]), b), "toolpo_correct_ratio": vec(unit, b),
     }
     if draw(st.booleans()):
         del parts["score"]  # estimators fall back to batch.scores
@@ -243,13 +244,14 @@ CONFIGS = {
     "slca": st.fixed_dictionaries({"w_process": weights | st.none(), "w_summary": weights | st.none(),
                                    "norm_by_std": st.booleans()}),
     "toolpo": st.fixed_dictionaries({"lam": weights, "norm_by_std": st.booleans()}),
+    "toolpo_process": st.fixed_dictionaries({"lam": weights, "norm_by_std": st.booleans()}),
     "mt_grpo": st.fixed_dictionaries({"c": weights, "norm_by_std": st.booleans()}),
     "tcpo": st.fixed_dictionaries(tcpo_settings),
     "slca_tcpo": st.fixed_dictionaries({**tcpo_settings, "w_process": weights | st.none(),
                                         "w_summary": weights | st.none()}),
 }
 # estimators whose every advantage is a group normalisation over rollouts: a singleton group gets 0
-ROLLOUT_NORMALISED = {"grpo", "dr_grpo", "dpa", "mt_grpo", "slca", "toolpo"}
+ROLLOUT_NORMALISED = {"grpo", "dr_grpo", "dpa", "mt_grpo", "slca", "toolpo", "toolpo_process"}
 
 
 @pytest.mark.parametrize("name", available())

@@ -1,17 +1,26 @@
 """Pure, vectorised credit estimators and their registry (see docs/methods.md)."""
 
 from lit_credit.credit.dpa import DPACredit, dpa_pair_advantages
-from lit_credit.credit.grpo import DrGRPOCredit, GRPOCredit, group_normalize, group_stats, grpo_advantages
+from lit_credit.credit.grpo import (
+    DrGRPOCredit,
+    GRPOCredit,
+    OverlongPenalty,
+    group_normalize,
+    group_stats,
+    grpo_advantages,
+)
 from lit_credit.credit.mt_grpo import MTGRPOCredit, mt_grpo_advantages
 from lit_credit.credit.registry import CreditEstimator, available, get, register
 from lit_credit.credit.rloo import RLOOCredit, rloo_advantages
 from lit_credit.credit.slca import (
     SLCACredit,
     ToolPOCredit,
+    ToolPOProcessCredit,
     credit_leakage,
     segment_masks,
     slca_advantages,
     toolpo_advantages,
+    toolpo_process_advantages,
 )
 from lit_credit.credit.slca_tcpo import SLCATCPOCredit, slca_tcpo_advantages
 from lit_credit.credit.tcpo import (
@@ -31,11 +40,13 @@ __all__ = [
     "DrGRPOCredit",
     "GRPOCredit",
     "MTGRPOCredit",
+    "OverlongPenalty",
     "RLOOCredit",
     "SLCACredit",
     "SLCATCPOCredit",
     "TCPOCredit",
     "ToolPOCredit",
+    "ToolPOProcessCredit",
     "available",
     "counterfactual_credit",
     "credit_leakage",
@@ -55,6 +66,7 @@ __all__ = [
     "slca_tcpo_advantages",
     "tcpo_turn_advantages",
     "toolpo_advantages",
+    "toolpo_process_advantages",
     "turn_types",
     "turns_to_tokens",
 ]

@@ -1,5 +1,8 @@
 """SLCA-GRPO: segment-level credit for the tool calls vs. the final summary (docs/methods.md §1), and ToolPO.
 
+ToolPO (``credit=toolpo``) is the official baseline's computation; ``credit=toolpo_process`` is ToolPO's form
+with HierR's score and process score.
+
 A rollout's learnable tokens form runs separated by environment-injected (mask 0) tokens. With >= 2 runs
 the last run is the summary and every earlier run is the tool (process) segment; a single run is the
 summary alone (so a rollout that ends on a tool call reads that call as its summary: documented, not a
@@ -136,6 +139,46 @@ def slca_advantages(
 
 
 def toolpo_advantages(
+    tool_score: Tensor,
+    outcome: Tensor,
+    response_mask: Tensor,
+    group_ids: Tensor,
+    *,
+    lam: float = 1.0,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+) -> CreditOutput:
+    """ToolPO: a GRPO advantage of the outcome everywhere plus a tool advantage on the tool tokens, as the
+    official ``compute_toolpo_grpo_advantage`` (SLCA-GRPO ``verl/trainer/ppo/core_algos.py``) forms it.
+
+    ``A_global = Norm_{g(i)}(outcome)`` over all rollouts of the group; ``A_tool = Norm_{g(i)}(tool_score)``
+    over the group's rollouts with a tool segment (presence guard: < 2 present -> 0; absent -> 0). Tool
+    tokens get ``A_global + lam * A_tool``, summary tokens ``A_global``; 0 outside the response mask. No
+    omission guard (official). ``credit=toolpo`` passes the official inputs (outcome = the binary ``solved``,
+    tool score = the strict ``toolpo_correct_ratio``), ``credit=toolpo_process`` HierR's score and its
+    omission-guarded process score.
+
+    Shape:
+        tool_score, outcome, group_ids: [B]; response_mask: [B, T].
+        Output advantages: [B, T]; ``parts["rollout"]`` (A_global), ``parts["tool"]`` (A_tool): [B].
+    """
+    tool_mask, summary_mask, n_tool, n_sum = segments(response_mask)
+    a_global = group_normalize(outcome, group_ids, eps=eps, norm_by_std=norm_by_std)
+    a_tool = group_normalize(tool_score, group_ids, n_tool > 0, eps=eps, norm_by_std=norm_by_std)
+    on_tool = a_global + lam * a_tool
+    tokens = torch.where(summary_mask, a_global[:, None], 0)  # tool and summary tile the response mask
+    torch.where(tool_mask, on_tool[:, None], tokens, out=tokens)
+    metrics = {
+        **segment_metrics(torch.stack([on_tool, a_global], 1), torch.stack([n_tool, n_sum], 1)),
+        **segment_metrics(on_tool, n_tool, "credit/tool/"),
+        "credit/tool_present_frac": share(n_tool > 0),
+        "credit/zero_variance_group_frac": zero_group_frac(a_global, group_ids),
+        "credit/tool/zero_variance_group_frac": zero_group_frac(a_tool, group_ids),
+    }
+    return CreditOutput(tokens, {"rollout": a_global, "tool": a_tool}, metrics)
+
+
+def toolpo_process_advantages(
     process_score: Tensor,
     score_total: Tensor,
     response_mask: Tensor,
@@ -146,29 +189,19 @@ def toolpo_advantages(
     eps: float = 1e-6,
     norm_by_std: bool = True,
 ) -> CreditOutput:
-    """ToolPO baseline: a GRPO advantage everywhere plus a tool-process advantage on the tool tokens.
-
-    ``A_global = Norm_{g(i)}(score_total)`` over all rollouts of the group; ``A_tool`` as in
-    :func:`slca_advantages` (omission guard ``s_tool = 0``, presence over rollouts with a tool segment).
-    Tool tokens get ``A_global + lam * A_tool``, summary tokens ``A_global``.
+    """ToolPO with HierR's rewards (this project's earlier ``toolpo``, not the official computation):
+    :func:`toolpo_advantages` with ``outcome = score_total`` (HierR's score) and ``tool_score`` = the process
+    score after SLCA's omission guard (``s_tool = 0`` where ``should_call_but_no_call`` or
+    ``score_total < 0``).
 
     Shape:
         process_score, score_total, group_ids, should_call_but_no_call: [B]; response_mask: [B, T].
         Output advantages: [B, T]; ``parts["rollout"]`` (A_global), ``parts["tool"]`` (A_tool): [B].
     """
-    tool_mask, summary_mask, n_tool, n_sum = segments(response_mask)
-    s_tool, _, _ = omission_guard(process_score, score_total, score_total, should_call_but_no_call)
-    a_global = group_normalize(score_total, group_ids, eps=eps, norm_by_std=norm_by_std)
-    a_tool = group_normalize(s_tool, group_ids, n_tool > 0, eps=eps, norm_by_std=norm_by_std)
-    on_tool = a_global + lam * a_tool
-    tokens = torch.where(summary_mask, a_global[:, None], 0)  # tool and summary tile the response mask
-    torch.where(tool_mask, on_tool[:, None], tokens, out=tokens)
-    metrics = {
-        **segment_metrics(torch.stack([on_tool, a_global], 1), torch.stack([n_tool, n_sum], 1)),
-        **segment_metrics(on_tool, n_tool, "credit/tool/"),
-        "credit/zero_variance_group_frac": zero_group_frac(a_global, group_ids),
-    }
-    return CreditOutput(tokens, {"rollout": a_global, "tool": a_tool}, metrics)
+    s_tool, _, omitted = omission_guard(process_score, score_total, score_total, should_call_but_no_call)
+    out = toolpo_advantages(s_tool, score_total, response_mask, group_ids, lam=lam, eps=eps, norm_by_std=norm_by_std)
+    out.metrics["credit/omission_frac"] = 0.0 if omitted is None else share(omitted)
+    return out
 
 
 HIERR_FIX = "use reward=hierr (it returns process, summary and should_call_but_no_call) on a tool task"
@@ -231,10 +264,16 @@ class SLCACredit(CreditEstimator):
         )
 
 
+TOOLPO_FIX = ("use reward=hierr (it returns ToolPO's toolpo_correct_ratio and solved) on a tool task, or "
+              "credit=toolpo_process (HierR's score and process score)")
+
+
 @register("toolpo")
 class ToolPOCredit(CreditEstimator):
-    """:func:`toolpo_advantages` of ``reward_parts["process"]`` and the total score
-    (``reward_parts["score"]``, default ``batch.scores``); optional ``reward_parts["should_call_but_no_call"]``.
+    """ToolPO as the official code computes it: :func:`toolpo_advantages` of the binary outcome
+    ``reward_parts["solved"]`` (``R_succ``) and the strict correct-call ratio
+    ``reward_parts["toolpo_correct_ratio"]`` (``R_action``; :func:`~lit_credit.rewards.hierr.strict_correct_ratio`),
+    no omission guard. ``lam``: the official ``toolpo_lambda`` (1.0).
     """
 
     def __init__(self, *, lam: float = 1.0, eps: float = 1e-6, norm_by_std: bool = True) -> None:
@@ -244,9 +283,30 @@ class ToolPOCredit(CreditEstimator):
 
     def __call__(self, batch: RolloutBatch) -> CreditOutput:
         parts = batch.reward_parts
-        require_parts(batch, ("process",), credit="toolpo", fix=HIERR_FIX)
+        keys = ("solved", "toolpo_correct_ratio")
+        require_parts(batch, keys, credit="toolpo", fix=TOOLPO_FIX)
+        check_batch(batch, {f"batch.reward_parts[{k!r}]": parts[k] for k in keys})
+        return toolpo_advantages(parts["toolpo_correct_ratio"], parts["solved"], batch.response_mask,
+                                 batch.group_ids, lam=self.lam, eps=self.eps, norm_by_std=self.norm_by_std)
+
+
+@register("toolpo_process")
+class ToolPOProcessCredit(CreditEstimator):
+    """:func:`toolpo_process_advantages` of ``reward_parts["process"]`` and the total score
+    (``reward_parts["score"]``, default ``batch.scores``); optional ``reward_parts["should_call_but_no_call"]``.
+    Not the official ToolPO (``credit=toolpo``): its tool advantage is built from HierR's process score.
+    """
+
+    def __init__(self, *, lam: float = 1.0, eps: float = 1e-6, norm_by_std: bool = True) -> None:
+        self.lam = lam
+        self.eps = eps
+        self.norm_by_std = norm_by_std
+
+    def __call__(self, batch: RolloutBatch) -> CreditOutput:
+        parts = batch.reward_parts
+        require_parts(batch, ("process",), credit="toolpo_process", fix=HIERR_FIX)
         check_batch(batch, omission_checks(batch, ("process",)))
-        return toolpo_advantages(
+        return toolpo_process_advantages(
             parts["process"],
             parts.get("score", batch.scores),
             batch.response_mask,

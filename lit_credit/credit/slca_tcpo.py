@@ -49,7 +49,7 @@ def slca_tcpo_advantages(
     score_total: Tensor | None = None,
     should_call_but_no_call: Tensor | None = None,
     preset: Preset = "retro_hindsight",
-    normalize: Normalize = "std",
+    normalize: Normalize = "turn_mean_std",
     alt_scores: Tensor | None = None,
     cf_mask: Tensor | None = None,
     w_retro: float = 1.0,
@@ -75,8 +75,11 @@ def slca_tcpo_advantages(
     4. Tool turns: ``A_turn[i, k] = w_process * TCPO(tool_scores, tool_turn_mask)[i, k]`` with TCPO's
        ``preset`` (:func:`~lit_credit.credit.tcpo.tcpo_turn_advantages`; default ``retro_hindsight``:
        ``c = w_retro * retro + w_hind * hind``, ``+ w_cf * cf`` with preset ``tcpo`` and ``alt_scores``),
-       scaled within the group by ``normalize`` (default ``std``: ``c / (std_G c + eps)`` over the group's
-       tool turns, no centring); ``w_process`` after scaling, as in SLCA.
+       normalised by ``normalize`` (default ``turn_mean_std``: ``Norm`` of c within each (group, turn index)
+       cell, so a turn is credited against the same turn of the group's other rollouts; ``std``, TCPO's
+       default, scales ``c / (std_G c + eps)`` over the group's tool turns without centring, which with
+       ``r0 = 0`` credits every first call its own score: HierR's 0.4 floor for any well-formed call then
+       gives a worse-than-group first call a positive credit); ``w_process`` after scaling, as in SLCA.
     5. ``advantages = tool_mask * A_turn[i, turn_ids] + summary_mask * A_sum`` (0 outside the response mask).
 
     Reduction: with one tool turn per rollout whose score is the rollout's process score and turn credit
@@ -127,7 +130,8 @@ class SLCATCPOCredit(CreditEstimator):
     ``["should_call_but_no_call"]``, and, when the preset uses counterfactuals (:attr:`needs`), TCPO's
     ``batch.extras["alt_scores"]`` / ``["cf_mask"]`` (added by ``augment=counterfactual_tool``).
 
-    TCPO's settings as in :class:`~lit_credit.credit.TCPOCredit` (default preset ``retro_hindsight``), plus
+    TCPO's settings as in :class:`~lit_credit.credit.TCPOCredit` (default preset ``retro_hindsight``;
+    default ``normalize="turn_mean_std"``, centred per turn index, where TCPO's own default is ``std``), plus
     SLCA's segment weights (None: the reward's, :func:`~lit_credit.credit.slca.segment_weights`) and
     ``norm_by_std`` of the summary.
     """
@@ -136,7 +140,7 @@ class SLCATCPOCredit(CreditEstimator):
         self,
         *,
         preset: Preset = "retro_hindsight",
-        normalize: Normalize = "std",
+        normalize: Normalize = "turn_mean_std",
         w_retro: float = 1.0,
         w_hind: float = 1.0,
         w_cf: float = 1.0,

@@ -41,14 +41,18 @@ class PolicyModule(L.LightningModule):
 
     def __init__(self, policy: PolicySource, uses_reference: bool, optimizer: OptimizerCallable = torch.optim.AdamW,
                  lr_scheduler: LRSchedulerCallable | None = None, max_grad_norm: float = 1.0,
-                 logprob_token_budget: int | None = 16384) -> None:
+                 logprob_token_budget: int | None = 16384, logprob_temperature: float | None = None) -> None:
         super().__init__()
+        if logprob_temperature is not None and not logprob_temperature > 0:
+            raise ValueError(f"method.logprob_temperature={logprob_temperature}: must be > 0, or null (the "
+                             "temperature the batch was sampled at)")
         self.save_hyperparameters(ignore=["policy", "uses_reference"])
         self.automatic_optimization = False
         self.source = policy
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.max_grad_norm = max_grad_norm
         self.logprob_token_budget = logprob_token_budget  # padding-free micro-batches (models.token_logprobs)
+        self.logprob_temperature = logprob_temperature  # None: the batch's sampling temperature
         self._resume_rng: dict[str, Any] | None = None
         self.policy, self.tokenizer = policy.load()
         self.head_chunk_tokens = policy.head_chunk_tokens  # the chunked LM head (models.chunked_head)
@@ -154,14 +158,17 @@ class PolicyModule(L.LightningModule):
     def _logprobs(
         self, model: torch.nn.Module, batch: RolloutBatch, entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[B, T] log-probs under ``model`` at the batch's sampling temperature and, with ``entropy``, the
-        entropy (else None)."""
+        """[B, T] log-probs under ``model`` at the batch's sampling temperature (``logprob_temperature`` when
+        set: the DPA-GRPO official baseline scores ``log_softmax(logits)``, T = 1, whatever it sampled at) and,
+        with ``entropy``, the entropy (else None)."""
         forwards = 0
         if self.logprob_token_budget is not None and not torch.is_grad_enabled():  # old / reference log-probs
             # FSDP2 all-gathers in every forward: every rank runs as many as the rank with the most
             forwards = self._micro_batch_count(len(length_buckets(batch.attention_mask, self.logprob_token_budget)))
         return token_logprobs(model, batch.input_ids, batch.attention_mask, self.logprob_token_budget,
-                              entropy=entropy, temperature=batch.temperature, head_chunk=self.head_chunk_tokens,
+                              entropy=entropy, head_chunk=self.head_chunk_tokens,
+                              temperature=batch.temperature if self.logprob_temperature is None
+                              else self.logprob_temperature,
                               min_forwards=forwards)
 
     def backward_by_micro_batch(self, batch: RolloutBatch, loss: PolicyLoss, advantages: torch.Tensor,

@@ -69,7 +69,8 @@ class GRPOModule(PolicyModule):
                  ppo_epochs: int = 1, num_minibatches: int = 1, max_grad_norm: float = 1.0,
                  dynamic_sampling: bool = False, max_sampling_draws: int = 10, max_logprob_gap: float | None = None,
                  logprob_token_budget: int | None = 16384, augment: Augmenter | None = None,
-                 metrics: Mapping[str, MetricSet] | None = None, grad_cosine_every: int = 0) -> None:
+                 metrics: Mapping[str, MetricSet] | None = None, grad_cosine_every: int = 0,
+                 logprob_temperature: float | None = None) -> None:
         if ppo_epochs < 1 or num_minibatches < 1:
             raise ValueError(f"method.ppo_epochs={ppo_epochs}, method.num_minibatches={num_minibatches}: both >= 1")
         if max_sampling_draws < 1:
@@ -79,7 +80,8 @@ class GRPOModule(PolicyModule):
             raise ValueError(f"the credit estimator ({type(credit).__name__}) needs batch.extras {sorted(missing)}, "
                              "which no augmenter provides; fix: augment=counterfactual (the environment's verifier scores "
                              "the alternatives) or augment=counterfactual_tool (the reward's tool-turn score)")
-        super().__init__(policy, loss.kl_coef > 0, optimizer, lr_scheduler, max_grad_norm, logprob_token_budget)
+        super().__init__(policy, loss.kl_coef > 0, optimizer, lr_scheduler, max_grad_norm, logprob_token_budget,
+                         logprob_temperature)
         self.credit, self.loss, self.augment, self.metric_sets = credit, loss, augment, dict(metrics or {})
         self.ppo_epochs, self.num_minibatches = ppo_epochs, num_minibatches
         self.dynamic_sampling, self.max_sampling_draws = dynamic_sampling, max_sampling_draws

@@ -11,6 +11,7 @@ from lit_credit.rewards.dpa import (
     informative_groups,
     rarity_weights,
     revise_bonus,
+    revise_share,
     revision_rewards,
     verifier_pair_rewards,
 )
@@ -21,6 +22,7 @@ from lit_credit.rewards.hierr import (
     final_reply,
     normalize_gold_calls,
     parse_tool_calls,
+    strict_correct_ratio,
     tool_process_score,
 )
 from lit_credit.rewards.judges import JudgeResult, LLMJudge, RubricJudge, SummaryJudge, parse_rating
@@ -31,4 +33,4 @@ __all__ = ["APPROVER_ACTIONS", "CASES", "VERIFIER_ACTIONS", "ExactMatchReward", 
            "JudgeResult", "LLMJudge", "Reward", "RubricJudge", "SummaryJudge", "approver_pair_rewards",
            "case_labels", "case_shares", "final_reply", "informative_groups", "line_correct", "normalize_gold_calls",
            "parse_final_integer", "parse_rating", "parse_tool_calls", "rarity_weights", "revise_bonus",
-           "revision_rewards", "tool_process_score", "verifier_pair_rewards"]
+           "revise_share", "revision_rewards", "strict_correct_ratio", "tool_process_score", "verifier_pair_rewards"]

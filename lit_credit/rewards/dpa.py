@@ -14,6 +14,8 @@ for :func:`lit_credit.credit.dpa_pair_advantages`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -193,10 +195,42 @@ def approver_pair_rewards(
     return torch.stack([keep, revise], dim=1)
 
 
+REVISE_SHARES = ("all", "unforced")
+
+
+def revise_share(own_revise: Sequence[bool], forced: Sequence[bool], rule: str = "all") -> float:
+    """The REVISE share the bonus of :func:`revise_bonus` reads, over the step's challenged decisions
+    (``game.revise_share``; 0 with none).
+
+    ``own_revise[j]``: the approver itself answered REVISE on decision j; ``forced[j]``: exploration forced a
+    decision that was not REVISE to REVISE (so ``own_revise[j]`` and ``forced[j]`` are never both set).
+
+    - ``"all"`` (official): ``#(own or forced) / n``, forced REVISEs counted as REVISE. With exploration
+      eps its expectation is ``p + eps (1 - p) >= eps``, p the approver's own REVISE rate: at the paper's
+      eps = 0.4 it is at least 0.4 whatever p is, above the 0.30 target, so the bonus is 0 (up to sampling
+      noise of small steps) and the shaping is inert.
+    - ``"unforced"``: ``#own / n``, the approver's own REVISE rate, the share the paper's text describes
+      (forced decisions count as the KEEP the approver chose). 10 challenges, 1 own REVISE and 3 forced:
+      all 4/10 = 0.4 (bonus 0 at target 0.3), unforced 1/10 = 0.1 (bonus 1.5 * 0.2 = 0.3).
+    """
+    if rule not in REVISE_SHARES:
+        raise ValueError(f"game.revise_share={rule!r}: use one of {', '.join(REVISE_SHARES)}")
+    if len(own_revise) != len(forced):
+        raise ValueError(f"own_revise has {len(own_revise)} decisions, forced {len(forced)}: give one flag each")
+    if any(o and f for o, f in zip(own_revise, forced)):
+        raise ValueError("a decision is both the approver's own REVISE and a forced one; forcing only applies "
+                         "to decisions that were not REVISE")
+    n = len(own_revise)
+    revised = sum(bool(o) or (rule == "all" and bool(f)) for o, f in zip(own_revise, forced))
+    return revised / n if n else 0.0
+
+
 def revise_bonus(revise_share: float, *, balance: float = 0.0, target: float = 0.3) -> float:
     """REVISE shaping ``balance * max(target - revise_share, 0)`` (the official homeostatic balance); 0 with
     the default balance. ``revise_share`` is the step's share of REVISE among the approver's decisions
-    (forced explorations included), as the official update computes it over its batch.
+    (:func:`revise_share`): officially forced explorations included, as the official update computes it over
+    its batch, which makes the bonus inert at the paper's settings (forced REVISE alone gives a share of at
+    least ``explore_revise`` = 0.4 > 0.3); ``game.revise_share=unforced`` counts the approver's own only.
 
     The official code adds it to the REVISE *reward* before pair normalisation (DPA-GRPO's
     ``method.revise_bonus_on=reward``). There it never changes a pair advantage, which is

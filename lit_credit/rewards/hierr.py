@@ -12,6 +12,11 @@ Parsing, gold reading, value comparison and the omission rule are the official r
   reward hack this module closes.
 - ``reward.no_call_summary`` (default ``zero``; ``judge`` = official): the summary on prompts whose gold
   has no call.
+- ``reward.needless_calls`` (default ``attempted``; ``valid`` = official): on a prompt (or a tool turn) whose
+  gold has no call, any tool tag counts as a call for ``name`` and ``parallel``, so a broken needless call
+  (an unknown tool, a list mixing a good and a bad item, a stray tag) scores 0.35 below the clean needless
+  call's 0.45; officially only valid blocks' calls count there and a broken needless call scores 0.90, as
+  much as the right direct answer.
 - the final reply is the last assistant turn after its last ``</tool_call>``; officially it is the
   transcript after its last ``</tool_response>``. The two agree unless the last turn holds a tool tag
   (debris that ended the episode, or the turn limit).
@@ -360,8 +365,19 @@ def _weights(weights: Mapping[str, float] | None) -> dict[str, float]:
     return out
 
 
+NEEDLESS_CALLS = ("attempted", "valid")
+
+
+def _check_needless(needless_calls: str) -> None:
+    if needless_calls not in NEEDLESS_CALLS:
+        raise ValueError(f"reward.needless_calls={needless_calls!r}: use 'attempted' (on a no-call prompt any tool "
+                         "tag is a call: a broken needless call scores below a clean one; the default) or 'valid' "
+                         "(the official reward: only valid blocks are calls, a broken needless call scores 0.90)")
+
+
 def tool_process_score(text: str, gold_calls: Any, allowed_tools: Any,
-                       weights: Mapping[str, float] | None = None) -> dict[str, float]:
+                       weights: Mapping[str, float] | None = None,
+                       needless_calls: str = "attempted") -> dict[str, float]:
     """HierR's tool process score of one rollout text (docs/methods.md §1); never raises on ``text``.
 
     With the blocks of :func:`parse_tool_calls`, P the calls of the valid blocks and G the gold calls
@@ -375,12 +391,22 @@ def tool_process_score(text: str, gold_calls: Any, allowed_tools: Any,
       irrelevant subset) parallel is 1 exactly when no valid block was emitted.
     - ``process = 0.10 format + 0.25 name + 0.15 key + 0.20 value + 0.30 parallel``; ``weights`` overrides
       any of these (unknown names raise). With weights summing to 1, process is in [0, 1].
+    - Needless calls (G has no call): ``needless_calls="attempted"`` (default) counts every tool tag as a
+      call there, so ``name = parallel = 0`` whenever the text holds a ``<tool_call>`` or ``</tool_call>``
+      tag, valid or not. Then the right direct answer scores ``0.25 + 0.15 + 0.20 + 0.30 = 0.90``, a clean
+      needless call ``0.10 * 1 + 0.35 = 0.45`` and a broken one (an unknown tool, a list mixing a good and a
+      bad item, bad JSON, a stray tag: format 0) ``0.35``; a mixture lies between (format in (0, 1)), so a
+      broken needless call never scores above a clean one. ``"valid"`` (the official reward) counts only the
+      calls of valid blocks: a broken needless call then has no prediction, name 1 and parallel 1 (0 == 0),
+      and scores 0.90 like the direct answer.
     """
-    return _process_parts(parse_tool_calls(text, allowed_tools), normalize_gold_calls(gold_calls), _weights(weights))
+    _check_needless(needless_calls)
+    return _process_parts(parse_tool_calls(text, allowed_tools), normalize_gold_calls(gold_calls), _weights(weights),
+                          needless_calls)
 
 
 def _process_parts(parsed: ParsedCalls, gold_steps: list[list[dict[str, Any]]],
-                   w: Mapping[str, float]) -> dict[str, float]:
+                   w: Mapping[str, float], needless_calls: str = "attempted") -> dict[str, float]:
     """:func:`tool_process_score` of an already parsed text, normalised gold and checked weights."""
     gold = [c for step in gold_steps for c in step]
     n_tags = max(parsed.n_open, parsed.n_close)
@@ -393,8 +419,38 @@ def _process_parts(parsed: ParsedCalls, gold_steps: list[list[dict[str, Any]]],
         "value": value,
         "parallel": float(len(first.calls if first else ()) == len(gold_steps[0] if gold_steps else ())),
     }
+    if not gold and n_tags and needless_calls == "attempted":  # a broken needless call is still a call
+        parts["name"] = parts["parallel"] = 0.0
     parts["process"] = sum(w[k] * parts[k] for k in COMPONENTS)
     return parts
+
+
+def strict_correct_ratio(pred: Sequence[dict[str, Any]], gold: Sequence[dict[str, Any]]) -> float:
+    """ToolPO's action reward ``R_action = sum_g C(g) / |G|`` (the official ``toolpo_correct_ratio``).
+
+    G the gold calls (flat, in step order), P the predictions (calls of valid blocks, in order). Each gold
+    call g, in order, takes the *first* unused p with ``p.name == g.name`` and, when g has arguments, every
+    key of g in p with ``loose_equal(g[k], p[k])`` (extra keys of p allowed); ``C(g) = 1`` when one is found
+    (it is used up), else 0. G empty -> 1 (nothing to verify); P empty -> 0. Gold ``[f(a=1), f(a=2)]``,
+    predictions ``[f(a=2, b=0), f(a=1)]``: f(a=1) skips the first (a = 2) and takes the second, f(a=2) takes
+    the first: 2 / 2 = 1; predictions ``[f(a=1)]``: 1 / 2.
+    """
+    if not gold:
+        return 1.0
+    if not pred:
+        return 0.0
+    used: set[int] = set()
+    correct = 0
+    for g in gold:
+        args = g["arguments"]
+        for j, p in enumerate(pred):
+            if j in used or p["name"] != g["name"]:
+                continue
+            if all(k in p["arguments"] and loose_equal(v, p["arguments"][k]) for k, v in args.items()):
+                used.add(j)
+                correct += 1
+                break
+    return correct / len(gold)
 
 
 def step_plan(gold_steps: Sequence[Sequence[dict[str, Any]]], turn: int) -> list[list[dict[str, Any]]]:
@@ -403,19 +459,21 @@ def step_plan(gold_steps: Sequence[Sequence[dict[str, Any]]], turn: int) -> list
 
 
 def tool_turn_scores(tool_turns: Sequence[str], gold_calls: Any, allowed_tools: Any,
-                     weights: Mapping[str, float] | None = None) -> list[dict[str, float]]:
+                     weights: Mapping[str, float] | None = None,
+                     needless_calls: str = "attempted") -> list[dict[str, float]]:
     """Per-turn HierR scores of the tool turns of a rollout (SLCA x TCPO, docs/methods.md §4).
 
     Tool turn k (0-based) is scored alone against gold step k: ``tool_process_score(turn_k,
     step_plan(gold, k))``, so a turn beyond the gold steps is scored against the empty plan (an extra call
-    loses name and parallel; stopping would have scored 0.9). Each dict also holds
+    loses name and parallel, a broken one too with ``needless_calls="attempted"``; stopping would have scored
+    0.9). Each dict also holds
     ``exact = 1[name = key = value = 1]``: the turn's calls are exactly gold step k's (names as a multiset,
     every key and value).
     """
     gold = normalize_gold_calls(gold_calls)
     out = []
     for k, text in enumerate(tool_turns):
-        parts = tool_process_score(text, step_plan(gold, k), allowed_tools, weights)
+        parts = tool_process_score(text, step_plan(gold, k), allowed_tools, weights, needless_calls)
         exact = k < len(gold) and parts["name"] == 1 and parts["key"] == 1 and parts["value"] == 1
         out.append({**parts, "exact": float(exact)})
     return out
@@ -503,8 +561,22 @@ class HierRReward:
     ``score = omission_score`` (-0.5) and every component, ``process`` and ``summary`` are 0 (the judge is
     not called; the estimator replaces the summary score by ``score`` anyway).
 
+    Needless calls: ``needless_calls`` (:func:`tool_process_score`; default ``"attempted"``: on a no-call
+    prompt any tool tag is a call, so a broken needless call scores 0.35, below a clean one's 0.45; the
+    official ``"valid"`` scores it 0.90 like the direct answer). Tool turns beyond the gold steps likewise.
+
+    ToolPO's parts (the official ``reward_fn_toolpo.py``; read by ``credit=toolpo``, logging only otherwise):
+    ``toolpo_correct_ratio`` = :func:`strict_correct_ratio` of the valid blocks' calls against the flat gold
+    (1 on a no-call prompt, 0 on an omission or a row without allowed tools), and ``solved``, the binary
+    outcome ``R_succ``: ``1[summary >= solved_at]`` (default 0.75: a rating of 4 or 5, "correctly uses tool
+    results, clear and complete"), 0 on an omission (officially ``score = 0`` there) or a row without allowed
+    tools. The official ``R_succ`` asks a separate Solved / Unsolved LLM judge (DeepAgent's prompt) about the
+    question and the final reply; here the summary judge's rating is thresholded, so ``solved`` is as noisy as
+    the summary judge and, under ``no_call_summary="zero"``, 0 on every no-call prompt.
+
     Returns a :class:`~lit_credit.types.RewardResult`: ``score``; ``parts`` (floats): the five components,
-    ``process``, ``summary``, ``should_call_but_no_call``, ``judge_failed`` and the diagnostics ``tool_tag``
+    ``process``, ``summary``, ``should_call_but_no_call``, ``judge_failed``, ``toolpo_correct_ratio``,
+    ``solved`` and the diagnostics ``tool_tag``
     (1 when the text holds any ``<tool_call>``/``</tool_call>`` tag), ``valid_call`` (1 when it holds a valid
     block), ``no_tool_response``, ``gold_steps`` (the number of gold steps; 0 on a no-call prompt); ``turns``
     (lists, one entry per tool turn: every reply but the last, the SLCA segment rule; the rollout batch pads
@@ -518,12 +590,13 @@ class HierRReward:
 
     def __init__(self, w_process: float = 1.0, w_summary: float = 1.0, judge: SummaryJudge | None = None,
                  weights: Mapping[str, float] | None = None, omission_score: float = -0.5,
-                 no_call_summary: str = "zero"):
+                 no_call_summary: str = "zero", needless_calls: str = "attempted", solved_at: float = 0.75):
         if no_call_summary not in NO_CALL_SUMMARY:
             raise ValueError(f"reward.no_call_summary={no_call_summary!r}: use 'zero' (no summary reward on a "
                              "prompt whose gold has no call; the safe default) or 'judge' (the official reward)")
+        _check_needless(needless_calls)
         self.w_process, self.w_summary, self.omission_score = w_process, w_summary, omission_score
-        self.no_call_summary = no_call_summary
+        self.no_call_summary, self.needless_calls, self.solved_at = no_call_summary, needless_calls, solved_at
         self.judge = judge if judge is not None else RubricJudge()
         self.weights = _weights(weights)
 
@@ -538,7 +611,7 @@ class HierRReward:
         gold = normalize_gold_calls(_field(row, "gold_tool_calls"))
         allowed = _field(row, "allowed_tools")
         parsed = parse_tool_calls(text, allowed)
-        parts = _process_parts(parsed, gold, self.weights)
+        parts = _process_parts(parsed, gold, self.weights, self.needless_calls)
         missing = not _allowed_set(allowed)  # official: a row without allowed tools scores 0
         omitted = not missing and bool(gold) and OPEN not in text
         responses = self.real_responses(text, bool(parsed.executed), tool_responses)
@@ -549,13 +622,16 @@ class HierRReward:
             result = self.judge(_question(row), responses, final_reply(replies[-1] if replies else ""))
             summary, failed = result.score, result.failed
         score = self.omission_score if omitted else self.w_process * parts["process"] + self.w_summary * summary
-        turns = tool_turn_scores(replies[:-1], gold, allowed, self.weights)
+        zeroed = omitted or missing
+        correct_ratio = 0.0 if zeroed else strict_correct_ratio(parsed.calls, [c for step in gold for c in step])
+        solved = float(not zeroed and summary >= self.solved_at)
+        turns = tool_turn_scores(replies[:-1], gold, allowed, self.weights, self.needless_calls)
         if missing:
             turns = [dict.fromkeys(t, 0.0) for t in turns]
         return RewardResult(
             score,
             parts={**parts, "summary": summary, "should_call_but_no_call": float(omitted),
-                   "judge_failed": float(failed),
+                   "judge_failed": float(failed), "toolpo_correct_ratio": correct_ratio, "solved": solved,
                    "no_tool_response": float(not any(_present(r) for r in responses)),
                    "tool_tag": float(parsed.n_open + parsed.n_close > 0),
                    "valid_call": float(parsed.n_valid > 0), "gold_steps": float(len(gold))},
@@ -585,4 +661,4 @@ class HierRReward:
         if not _allowed_set(allowed):  # official: a row without allowed tools scores 0
             return 0.0
         text = strip_think(reply) if isinstance(reply, str) else ""
-        return tool_process_score(text, step_plan(gold, turn), allowed, self.weights)["process"]
+        return tool_process_score(text, step_plan(gold, turn), allowed, self.weights, self.needless_calls)["process"]

@@ -30,7 +30,9 @@ Role rewards (:mod:`lit_credit.rewards.dpa`):
 * approver pair (KEEP, REVISE) from the approver table (``alpha``, ``cave``, ``miss``, ``unparsable``) on every
   challenged decision (``train_approver_without_revision=false``: not where the shown revision is unparsable),
   plus the REVISE bonus ``b = revise_balance * max(revise_target - REVISE share, 0)`` on the REVISE reward
-  (``revise_bonus_on=reward``, official) or as a per-row ``adv_bonus`` (``advantage``); per-row loss ``weight``
+  (``revise_bonus_on=reward``, official) or as a per-row ``adv_bonus`` (``advantage``), the share over the
+  step's challenged decisions counting forced REVISEs (``revise_share=all``, official) or only the approver's
+  own (``unforced``, :func:`~lit_credit.rewards.dpa.revise_share`); per-row loss ``weight``
   ``(mean case count / case count)^rarity_power`` over the challenged decisions by official case id;
 * the reviser, ``revision_update=paired`` (official): the pair (keep text = x, revise text = the shown z) under
   the reviser's prompt, :func:`~lit_credit.rewards.dpa.reviser_pair_rewards`; ``group``: the K revisions as a
@@ -54,6 +56,7 @@ from torch import Tensor
 from lit_credit.interfaces import Actor
 from lit_credit.rewards.dpa import (
     APPROVER_ACTIONS,
+    REVISE_SHARES,
     SHOWN_REVISION_RULES,
     VERIFIER_ACTIONS,
     approver_pair_rewards,
@@ -61,6 +64,7 @@ from lit_credit.rewards.dpa import (
     case_shares,
     rarity_weights,
     revise_bonus,
+    revise_share,
     reviser_pair_rewards,
     revision_rewards,
     shown_revision,
@@ -140,7 +144,7 @@ class FormGameRecord:
         """Under ``<stage>/``: ``final/strict``, ``final/lenient`` (line accuracy of the submitted values),
         ``dpa/sac_rate``, ``dpa/revise_rate`` (over the challenged), ``dpa/verifier_acc`` (SAC exactly when x is
         wrong), the counts (``dpa/unparsable/*``, ``dpa/truncated/verifier``, ``dpa/revision_groups``,
-        ``dpa/forced_revise_rate``, ``dpa/revise_bonus``, ``dpa/revision_correct``, ``dpa/shown_correct``) and
+        ``dpa/forced_revise_rate``, ``dpa/unforced_revise_rate``, ``dpa/revise_share`` (the one the bonus read), ``dpa/revise_bonus``, ``dpa/revision_correct``, ``dpa/shown_correct``) and
         ``dpa/case/<c>`` for the taxonomy 1 2 3 4 5a 5b 6a 6b."""
         n = max(len(self.x_correct), 1)
         sac = self.challenged.sum().item()
@@ -173,8 +177,8 @@ class FormGame:
                  shown_revision: str = "gold_first", unparsable_verdict: str = "SAC",
                  revision_update: str = "paired", skip_unparsable_revisions: bool = True,
                  train_approver_without_revision: bool = True, revise_bonus_on: str = "reward",
-                 revise_balance: float = 1.5, revise_target: float = 0.3, rarity_power: float = 1.0,
-                 explore_revise: float = 0.4, seed: int = 0) -> None:
+                 revise_balance: float = 1.5, revise_target: float = 0.3, revise_share: str = "all",
+                 rarity_power: float = 1.0, explore_revise: float = 0.4, seed: int = 0) -> None:
         if revisions < 1:
             raise ValueError(f"game.revisions={revisions}: must be >= 1")
         if not 0 <= explore_revise <= 1:
@@ -182,7 +186,8 @@ class FormGame:
         choices = {"shown_revision": (shown_revision, SHOWN_REVISION_RULES),
                    "unparsable_verdict": (unparsable_verdict, VERIFIER_ACTIONS),
                    "revision_update": (revision_update, ("paired", "group")),
-                   "revise_bonus_on": (revise_bonus_on, ("reward", "advantage"))}
+                   "revise_bonus_on": (revise_bonus_on, ("reward", "advantage")),
+                   "revise_share": (revise_share, REVISE_SHARES)}
         for key, (value, valid) in choices.items():
             if value not in valid:
                 raise ValueError(f"game.{key}={value!r}: use one of {', '.join(valid)}")
@@ -192,7 +197,7 @@ class FormGame:
         self.shown_revision, self.unparsable_verdict = shown_revision, unparsable_verdict
         self.revision_update, self.skip_unparsable_revisions = revision_update, skip_unparsable_revisions
         self.train_approver_without_revision, self.revise_bonus_on = train_approver_without_revision, revise_bonus_on
-        self.revise_balance, self.revise_target = revise_balance, revise_target
+        self.revise_balance, self.revise_target, self.revise_share = revise_balance, revise_target, revise_share
         self.rarity_power, self.explore_revise = rarity_power, explore_revise
         self._explore = random.Random(seed)
 
@@ -255,8 +260,9 @@ class FormGame:
                                x_parsable)
         # Approver pairs with the REVISE bonus (on the reward, officially, or on the advantage) and the rarity
         # weight over the challenged decisions, by official case id.
-        revise_share = revised[challenged].float().mean().item() if sac else 0.0
-        bonus = revise_bonus(revise_share, balance=self.revise_balance, target=self.revise_target)
+        own = [a == "REVISE" for a in approvals]
+        share = revise_share(own, forced, self.revise_share)
+        bonus = revise_bonus(share, balance=self.revise_balance, target=self.revise_target)
         a_rewards = approver_pair_rewards(x_correct, z_correct, has_revision, **self.table)
         if self.revise_bonus_on == "reward":
             a_rewards[:, 1] += bonus
@@ -277,6 +283,8 @@ class FormGame:
             "truncated/verifier": sum(c[0].finish_reason == "length" for c in v_out) / max(n, 1),
             "revision_groups": float(len(set(revisions_set.groups)) if revisions_set is not None else 0),
             "forced_revise_rate": sum(forced) / max(len(sac), 1),
+            "unforced_revise_rate": sum(own) / max(len(sac), 1),
+            "revise_share": share,
             "revise_bonus": bonus,
         }
         if sac:

@@ -219,3 +219,62 @@ def test_empty_batch():
     out = grpo_advantages(t([]), torch.zeros(0, 3), ids([]))
     assert out.advantages.shape == (0, 3) and out.metrics["credit/adv_mean"] == 0.0
     assert not math.isnan(out.metrics["credit/zero_variance_group_frac"])
+
+
+# --- DAPO's soft overlong punishment ------------------------------------------------------------------------
+
+
+def test_overlong_penalty_by_hand():
+    # R_len = 0 for |y| <= L_max - L_cache, ((L_max - L_cache) - |y|) / L_cache up to L_max, -1 beyond.
+    # L_max = 10, L_cache = round(0.2 * 10) = 2: 8 tokens 0, 9 tokens (8 - 9) / 2 = -0.5, 10 tokens -1, 11 -1.
+    from lit_credit.credit import OverlongPenalty
+
+    shaping = OverlongPenalty(max_len=10)
+    assert shaping.cache == 2
+    torch.testing.assert_close(shaping(ids([0, 8, 9, 10, 11])), torch.tensor([0.0, 0.0, -0.5, -1.0, -1.0]))
+    # the paper's setting: L_max 20480, L_cache 4096 (= 0.2 * 20480): the penalty starts past 16384 tokens
+    paper = OverlongPenalty(max_len=20480)
+    assert paper.cache == 4096
+    torch.testing.assert_close(paper(ids([16384, 18432, 20480])), torch.tensor([0.0, -0.5, -1.0]))
+    # an explicit cache and factor; a tiny L_max keeps a 1-token cache
+    torch.testing.assert_close(OverlongPenalty(max_len=8, cache=4, factor=0.5)(ids([5, 8])), torch.tensor([-0.125, -0.5]))
+    assert OverlongPenalty(max_len=2).cache == 1
+    with pytest.raises(ValueError, match=r"credit\.overlong\.cache=11: must be in \[1, max_len=10\]"):
+        OverlongPenalty(max_len=10, cache=11)
+
+
+def test_grpo_credit_shapes_the_scores_before_normalising():
+    # One group of two, both right (score 1); lengths 8 and 10 with L_max 10, L_cache 2: penalties 0 and -1,
+    # shaped [1, 0]: mean 0.5, unbiased std sqrt(0.5) -> A = +-0.5 / (0.70710678 + 1e-6). Unshaped: a tie, 0.
+    from lit_credit.credit import OverlongPenalty
+
+    mask = torch.zeros(2, 10)
+    mask[0, :8], mask[1, :] = 1, 1
+    batch = make_batch(mask, ids([0, 0]), t([1.0, 1.0], torch.float32))
+    assert GRPOCredit()(batch).advantages.abs().sum() == 0
+    out = GRPOCredit(overlong=OverlongPenalty(max_len=10))(batch)
+    a = 0.5 / (0.5**0.5 + 1e-6)
+    torch.testing.assert_close(out.parts["rollout"], torch.tensor([a, -a]))
+    assert out.metrics["credit/overlong_frac"] == 0.5 and out.metrics["credit/overlong_penalty_mean"] == -0.5
+    out = DrGRPOCredit(overlong=OverlongPenalty(max_len=10))(batch)  # Dr.GRPO: centred only
+    torch.testing.assert_close(out.parts["rollout"], torch.tensor([0.5, -0.5]))
+
+
+def test_overlong_shaping_is_on_in_the_dapo_experiments_only(make_cfg):
+    from hydra.utils import instantiate
+
+    from lit_credit.credit import OverlongPenalty
+
+    for experiment, max_len in (("dapo_arith", 8), ("dapo_form", 10)):
+        cfg = make_cfg(f"experiment={experiment}", fast_task=experiment == "dapo_arith")
+        credit = instantiate(cfg.credit)
+        assert isinstance(credit.overlong, OverlongPenalty), experiment
+        assert (credit.overlong.max_len, credit.overlong.cache, credit.overlong.factor) == (max_len, 2, 1.0)
+        assert cfg.data.sampling.max_new_tokens == max_len
+    for experiment in ("grpo_arith", "grpo_form", "gspo_form"):
+        cfg = make_cfg(f"experiment={experiment}", fast_task=experiment == "grpo_arith")
+        assert "overlong" not in cfg.credit and instantiate(cfg.credit).overlong is None, experiment
+    # composable with any GRPO run, and off again in a DAPO one
+    cfg = make_cfg("loss=dapo", "method.dynamic_sampling=true", "credit/overlong=dapo", "data.sampling.max_new_tokens=20")
+    assert instantiate(cfg.credit).overlong.cache == 4
+    assert instantiate(make_cfg("experiment=dapo_arith", "~credit/overlong").credit).overlong is None

@@ -27,6 +27,8 @@ def toy_batch() -> RolloutBatch:
         reward_parts={
             "process": torch.tensor([0.8, 0.4, 0.2, 0.6]),
             "summary": torch.tensor([0.9, 0.5, 0.1, 0.3]),
+            "solved": torch.tensor([1.0, 0.0, 0.0, 0.0]),  # ToolPO's (credit=toolpo)
+            "toolpo_correct_ratio": torch.tensor([1.0, 0.5, 0.0, 1.0]),
         },
         turn_parts={
             "tool_scores": torch.tensor([[0.8, 0.0], [0.4, 0.0], [0.2, 0.0], [0.6, 0.0]]),  # turn 0 is a tool turn

@@ -10,10 +10,13 @@ from hypothesis import strategies as st
 from lit_credit.credit import (
     SLCACredit,
     ToolPOCredit,
+    ToolPOProcessCredit,
+    get,
     grpo_advantages,
     segment_masks,
     slca_advantages,
     toolpo_advantages,
+    toolpo_process_advantages,
 )
 
 from .common import (
@@ -227,21 +230,56 @@ def test_summary_change_moves_grpo_tool_credit_but_not_slca():
     assert (grpo[0] - grpo[1]).abs().max() > 0.1
 
 
-def test_toolpo():
+def test_toolpo_as_the_official_code_computes_it():
+    # compute_toolpo_grpo_advantage: A_global = Norm(solved) over the whole group, A_tool = Norm of the strict
+    # correct-call ratio over the rollouts with a tool segment, tool tokens A_global + lam * A_tool.
+    # One group of three: r0 and r1 call a tool then summarise (tool [1], summary [3]); r2 answers directly
+    # (one run: summary only, no tool segment).
+    #   solved [1, 0, 0]: mean 1/3, deviations [2/3, -1/3, -1/3], unbiased var (4 + 1 + 1) / 9 / 2 = 1/3
+    #     -> A_global = [2/3, -1/3, -1/3] / (sqrt(1/3) + eps) = [1.1547, -0.5774, -0.5774];
+    #   correct ratio [1, 0.5, 0] over r0, r1 only (r2 absent): mean 0.75, std sqrt(2 * 0.0625) = 0.35355
+    #     -> A_tool = [+0.25, -0.25, 0] / (0.35355 + eps) = [0.7071, -0.7071, 0].
+    mask = t([[0, 1, 0, 1], [0, 1, 0, 1], [0, 1, 1, 0]], torch.float32)
+    sd, sa = math.sqrt(1 / 3) + 1e-6, math.sqrt(0.125) + 1e-6
+    g0, g1, a = (2 / 3) / sd, (1 / 3) / sd, 0.25 / sa
+    for lam in (1.0, 0.5):
+        out = toolpo_advantages(t([1.0, 0.5, 0.0]), t([1.0, 0.0, 0.0]), mask, ids([3, 3, 3]), lam=lam)
+        torch.testing.assert_close(out.advantages, t([[0, g0 + lam * a, 0, g0], [0, -g1 - lam * a, 0, -g1],
+                                                      [0, -g1, -g1, 0]]))
+        torch.testing.assert_close(out.parts["rollout"], t([g0, -g1, -g1]))
+        torch.testing.assert_close(out.parts["tool"], t([a, -a, 0.0]))
+    # the registered estimator reads reward_parts solved / toolpo_correct_ratio, and nothing else: no omission
+    # guard (r1 flagged, and a HierR score that says otherwise, change nothing)
+    parts = {"solved": t([1.0, 0.0, 0.0]), "toolpo_correct_ratio": t([1.0, 0.5, 0.0])}
+    batch = make_batch(mask, ids([3, 3, 3]), t([0.2, 1.9, -0.5]), reward_parts={
+        **parts, "process": t([0.1, 0.9, 0.0]), "score": t([0.2, -0.5, 1.0]),
+        "should_call_but_no_call": t([0.0, 1.0, 0.0])})
+    torch.testing.assert_close(get("toolpo")()(batch).advantages,
+                               toolpo_advantages(parts["toolpo_correct_ratio"], parts["solved"], mask,
+                                                 ids([3, 3, 3])).advantages)
+    assert isinstance(get("toolpo")(), ToolPOCredit)
+    with pytest.raises(ValueError, match=r"credit=toolpo needs batch\.reward_parts\['solved'\], "
+                                         r"batch\.reward_parts\['toolpo_correct_ratio'\].*credit=toolpo_process"):
+        ToolPOCredit()(make_batch(mask, ids([3, 3, 3]), t([1.0, 0.0, 0.0]), reward_parts={"process": t([1.0] * 3)}))
+
+
+def test_toolpo_process():
+    # HierR's form of ToolPO (credit=toolpo_process, not the official computation):
     # process [0.8, 0.4] -> A_tool +-0.70710428; total [1.7, 0.9]: mean 1.3, std sqrt(0.32) = 0.56568542
     #   -> A_global = +-0.4 / (0.56568542 + 1e-6) = +-0.70710553.
     # tool tokens A_global + lam * A_tool, summary tokens A_global.
     mask = t([[0, 1, 0, 1]] * 2, torch.float32)
     g, a = 0.4 / (0.32**0.5 + 1e-6), INV_SQRT2
     for lam in (1.0, 0.5):
-        out = toolpo_advantages(t([0.8, 0.4]), t([1.7, 0.9]), mask, ids([2, 2]), lam=lam)
+        out = toolpo_process_advantages(t([0.8, 0.4]), t([1.7, 0.9]), mask, ids([2, 2]), lam=lam)
         torch.testing.assert_close(out.advantages, t([[0, g + lam * a, 0, g], [0, -g - lam * a, 0, -g]]))
         torch.testing.assert_close(out.parts["rollout"], t([g, -g]))
     # omission: rollout 1 flagged -> s_tool = 0: still +-Norm([0.8, 0]) = +-0.4 / (0.56568542 + 1e-6)
-    out = toolpo_advantages(
+    out = toolpo_process_advantages(
         t([0.8, 0.4]), t([1.7, -0.5]), mask, ids([2, 2]), should_call_but_no_call=t([0, 1])
     )
     torch.testing.assert_close(out.parts["tool"], t([g, -g]))
+    assert out.metrics["credit/omission_frac"] == 0.5
 
 
 def _batch(process, summary, mask, gids, **parts):
@@ -263,8 +301,8 @@ def test_registered_classes_read_reward_parts():
     torch.testing.assert_close(
         SLCACredit()(batch).advantages, slca_advantages(process, summary, mask, ids([1] * 3)).advantages
     )
-    want = toolpo_advantages(process, process + summary, mask, ids([1, 1, 1]), lam=0.3)
-    torch.testing.assert_close(ToolPOCredit(lam=0.3)(batch).advantages, want.advantages)
+    want = toolpo_process_advantages(process, process + summary, mask, ids([1, 1, 1]), lam=0.3)
+    torch.testing.assert_close(ToolPOProcessCredit(lam=0.3)(batch).advantages, want.advantages)
 
 
 def test_segment_weights_none_follow_the_reward_weights():

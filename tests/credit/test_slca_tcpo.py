@@ -39,6 +39,7 @@ def turn_mask(tool_turns, k_max):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_two_tool_turns_table(dtype):
+    # TCPO's std scaling (normalize="std"; slca_tcpo's default turn_mean_std is the test after the next).
     # One group of three rollouts, two tool turns each, then a summary. tau = 1, mu = 0.1, rho = 1, r0 = 0.
     #   r0: [1.0, 1.0] both calls right; r1: [1.0, 0.5] first right, second wrong; r2: [0.5, 0.5].
     # retro (best so far m: m_0 = 0, m_1 = r_0):
@@ -55,7 +56,8 @@ def test_two_tool_turns_table(dtype):
     mask, turn_ids = layout(tool_turns)
     scores = t([[1.0, 1.0], [1.0, 0.5], [0.5, 0.5]], dtype)
     summary = t([0.9, 0.5, 0.7], dtype)
-    out = slca_tcpo_advantages(scores, turn_mask(tool_turns, 2), summary, mask.to(dtype), turn_ids, ids([0, 0, 0]))
+    out = slca_tcpo_advantages(scores, turn_mask(tool_turns, 2), summary, mask.to(dtype), turn_ids, ids([0, 0, 0]),
+                               normalize="std")
     std = math.sqrt(0.535) + EPS
     c = [[7 / 6, 13 / 30], [7 / 6, -2 / 3], [1 / 6, -1 / 6]]
     turn_adv = [[x / std for x in row] for row in c]
@@ -73,7 +75,7 @@ def test_two_tool_turns_table(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_three_tool_turns_table_with_unequal_lengths_and_a_singleton_group(dtype):
-    # Group 0: r0 three tool turns [0.5, 1, 1]; r1 two tool turns [1, 0]. Group 1: r2, one tool turn [0.8].
+    # normalize="std", as the table above. Group 0: r0 three tool turns [0.5, 1, 1]; r1 two tool turns [1, 0]. Group 1: r2, one tool turn [0.8].
     # retro: r0 [0.5 (m=0), 0.5 (m=0.5 < tau: the gain only), 0 + mu = 0.1 (kept)]; r1 [1, -rho * 1 = -1].
     # hind: H r0 [1, 1, 1], r1 [1, 0]. Turn 0: both reached, mean 1 -> 0, 0. Turn 1: mean 0.5 -> +0.5, -0.5.
     #   Turn 2: only r0 reached it -> presence guard -> 0.
@@ -85,7 +87,8 @@ def test_three_tool_turns_table_with_unequal_lengths_and_a_singleton_group(dtype
     mask, turn_ids = layout(tool_turns)
     scores = t([[0.5, 1.0, 1.0], [1.0, 0.0, 0.0], [0.8, 0.0, 0.0]], dtype)
     summary = t([0.6, 0.2, 0.9], dtype)
-    out = slca_tcpo_advantages(scores, turn_mask(tool_turns, 3), summary, mask.to(dtype), turn_ids, ids([0, 0, 1]))
+    out = slca_tcpo_advantages(scores, turn_mask(tool_turns, 3), summary, mask.to(dtype), turn_ids, ids([0, 0, 1]),
+                               normalize="std")
     std = math.sqrt(1.067) + EPS
     turn_adv = [[0.5 / std, 1.0 / std, 0.1 / std], [1.0 / std, -1.5 / std, 0.0], [0.0, 0.0, 0.0]]
     s = 0.2 / (math.sqrt(0.08) + EPS)
@@ -94,6 +97,37 @@ def test_three_tool_turns_table_with_unequal_lengths_and_a_singleton_group(dtype
     torch.testing.assert_close(out.advantages, per_token(mask, turn_ids, turn_adv, sum_adv, tool_turns).to(dtype),
                                **TOL[dtype])
     assert out.metrics["credit/turn/2/adv_mean"] == pytest.approx(0.1 / std)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_default_centres_the_first_turn_so_a_worse_first_call_is_not_credited_positive(dtype):
+    # Why slca_tcpo's default is normalize="turn_mean_std" (docs/methods.md §4). One group of three rollouts,
+    # one tool turn each (then a summary). HierR gives any well-formed call at least 0.4 (format 0.1 +
+    # parallel 0.3, the wrong tool): r0 and r1 call the wrong tool (0.4), r2 the right one, every argument
+    # right (1.0). retro_hindsight, r0 = 0, tau = 1:
+    #   retro = [r - 0]_+ = [0.4, 0.4, 1.0] (no success before, so no mu / rho term);
+    #   hind: H = r (one turn), group mean 0.6 -> [-0.2, -0.2, 0.4];
+    #   c = [0.2, 0.2, 1.4]; mean 0.6, deviations [-0.4, -0.4, 0.8], unbiased var (0.16 + 0.16 + 0.64) / 2 = 0.48.
+    # std (uncentred): A = c / (sqrt(0.48) + eps) = [0.2887, 0.2887, 2.0207]: the two worse-than-group first
+    #   calls get a POSITIVE credit (every first call earns its own score; only hindsight separates them).
+    # turn_mean_std (the default): A = (c - 0.6) / (sqrt(0.48) + eps) = [-0.5774, -0.5774, 1.1547]: the sign
+    #   of each call's score against its group.
+    tool_turns = [1, 1, 1]
+    mask, turn_ids = layout(tool_turns)
+    scores, summary = t([[0.4], [0.4], [1.0]], dtype), t([0.5, 0.5, 0.5], dtype)
+    args = (scores, turn_mask(tool_turns, 1), summary, mask.to(dtype), turn_ids, ids([0, 0, 0]))
+    std = math.sqrt(0.48) + EPS
+    uncentred = slca_tcpo_advantages(*args, normalize="std").parts["turn"]
+    torch.testing.assert_close(uncentred, t([[0.2 / std], [0.2 / std], [1.4 / std]], dtype), **TOL[dtype])
+    assert (uncentred[:2] > 0).all()  # worse than the group's mean score (0.6), credited positive
+    centred = slca_tcpo_advantages(*args).parts["turn"]
+    torch.testing.assert_close(centred, t([[-0.4 / std], [-0.4 / std], [0.8 / std]], dtype), **TOL[dtype])
+    assert (centred[:2] < 0).all() and centred[2] > 0
+    torch.testing.assert_close(SLCATCPOCredit()(make_batch(
+        mask.to(dtype), ids([0, 0, 0]), t([1.0] * 3, dtype), turn_ids=turn_ids, reward_parts={"summary": summary},
+        turn_parts={"tool_scores": scores, "tool_turn_mask": turn_mask(tool_turns, 1).to(dtype)})).parts["turn"],
+        centred)
+    assert SLCATCPOCredit().normalize == "turn_mean_std"
 
 
 def test_w_process_scales_turn_credit_and_w_summary_the_summary():

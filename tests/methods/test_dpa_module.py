@@ -7,6 +7,8 @@ policy with a scripted engine (a unit-test stand-in: every role's reply is fixed
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import lightning as L
 import pytest
 import torch
@@ -314,3 +316,13 @@ def test_grpo_form_is_the_papers_grpo_row(make_cfg):
     assert (module.ppo_epochs, module.num_minibatches, datamodule.sampling.n) == (1, 1, 2)
     batch = make_batch(torch.ones(2, 3), torch.tensor([0, 0]), torch.tensor([1.0, 0.0]))
     assert module.credit(batch).parts["rollout"].tolist() == pytest.approx([1.0, -1.0], abs=1e-7)
+    # log-probs at T = 1 (the official completion_logprob_sum: log_softmax(logits)) of proposals sampled at
+    # T 0.8: the trainer's log-probs of a batch that carries temperature 0.8 are those of softmax(logits / 1)
+    assert (module.logprob_temperature, datamodule.sampling.temperature) == (1.0, 0.8)
+    tokens = replace(batch, input_ids=torch.tensor([[5, 6, 7], [7, 6, 5]]), temperature=0.8)
+    want = token_logprobs(module.policy, tokens.input_ids, tokens.attention_mask, None, temperature=1.0)[0]
+    torch.testing.assert_close(module._logprobs(module.policy, tokens)[0], want)
+    tempered = token_logprobs(module.policy, tokens.input_ids, tokens.attention_mask, None, temperature=0.8)[0]
+    assert not torch.allclose(want, tempered)
+    with pytest.raises(ValueError, match=r"method\.logprob_temperature=0\.0: must be > 0"):
+        GRPOModule(module.source, module.credit, module.loss, logprob_temperature=0.0)

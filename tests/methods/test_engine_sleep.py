@@ -13,7 +13,9 @@ from lit_credit.rollout import HFEngine
 from lit_credit.train import build
 from tests.methods.test_dpa_module import NO_EXPLORE, SMALL, ScriptedEngine
 
-GRPO_RUN = ["trainer.max_steps=2", "method.optimizer.lr=1e-2", "data.prompts_per_step=8", "data.sampling.n=4",
+# 16 groups x 8 rollouts: the first step has informative groups whatever the warm start (with 8 x 4 a weak start
+# can draw none, and then no weight moves while the engine sleeps).
+GRPO_RUN = ["trainer.max_steps=2", "method.optimizer.lr=1e-2", "data.prompts_per_step=16", "data.sampling.n=8",
             "data.sampling.max_new_tokens=8", "logger=csv", "callbacks=none", "validate_first=false",
             "trainer.val_check_interval=100"]
 

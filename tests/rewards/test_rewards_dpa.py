@@ -14,6 +14,7 @@ from lit_credit.rewards import (
     informative_groups,
     rarity_weights,
     revise_bonus,
+    revise_share,
     revision_rewards,
     verifier_pair_rewards,
 )
@@ -76,6 +77,30 @@ def test_revise_bonus_only_on_revise_column():
     assert revise_bonus(0.5, balance=1.5) == 0.0  # share above target: max(0.3 - 0.5, 0) = 0
     with pytest.raises(ValueError, match="revise_share"):
         revise_bonus(1.5, balance=1.5)
+
+
+def test_revise_share_all_or_unforced_by_hand():
+    # 10 challenged decisions: the approver itself answers REVISE on 1, exploration forces 3 of its 9 KEEPs.
+    own = [True] + [False] * 9
+    forced = [False, True, True, True] + [False] * 6
+    # all (official): (1 + 3) / 10 = 0.4 >= 0.3 -> bonus 1.5 * max(0.3 - 0.4, 0) = 0
+    assert revise_share(own, forced, "all") == pytest.approx(0.4)
+    assert revise_bonus(revise_share(own, forced), balance=1.5, target=0.3) == 0.0
+    # unforced: 1 / 10 = 0.1 -> bonus 1.5 * (0.3 - 0.1) = 0.3
+    assert revise_share(own, forced, "unforced") == pytest.approx(0.1)
+    assert revise_bonus(revise_share(own, forced, "unforced"), balance=1.5, target=0.3) == pytest.approx(0.3)
+    # Inert at the paper's settings: an approver that never revises, forced on 4 of 10 (explore_revise 0.4):
+    # all 0.4 -> bonus 0, exactly when the paper's text wants it largest; unforced 0 -> 1.5 * 0.3 = 0.45.
+    never, forced = [False] * 10, [True] * 4 + [False] * 6
+    assert revise_bonus(revise_share(never, forced), balance=1.5, target=0.3) == 0.0
+    assert revise_bonus(revise_share(never, forced, "unforced"), balance=1.5, target=0.3) == pytest.approx(0.45)
+    assert revise_share([], []) == 0.0 == revise_share([], [], "unforced")  # no challenge
+    with pytest.raises(ValueError, match="game.revise_share='own': use one of all, unforced"):
+        revise_share(own, forced, "own")
+    with pytest.raises(ValueError, match="both the approver's own REVISE and a forced one"):
+        revise_share([True], [True])
+    with pytest.raises(ValueError, match="own_revise has 1 decisions, forced 2"):
+        revise_share([True], [False, False])
 
 
 def test_shown_revision_rules():

@@ -25,6 +25,7 @@ from lit_credit.rewards.hierr import (
     normalize_gold_calls,
     parse_tool_calls,
     step_plan,
+    strict_correct_ratio,
     strip_think,
     tool_process_score,
     tool_turn_scores,
@@ -246,6 +247,86 @@ def test_perfect_and_empty_cases():
     assert tool_process_score("", gold, ALLOWED)["process"] == 0.0
 
 
+@pytest.mark.parametrize(("text", "attempted", "official"), [
+    # gold [] (a no-call prompt). Components: format 0.10, name 0.25, key 0.15, value 0.20, parallel 0.30;
+    # key = value = 1 throughout (no gold arguments).
+    # the right direct answer: no tag, format 0; name 1 (both empty), parallel 1 (0 == 0): 0.25 + 0.35 + 0.30
+    ("I can answer without tools.", 0.90, 0.90),
+    # a clean needless call: format 1/1, name 0 (pred [f] vs gold []), parallel 0 (1 call vs 0): 0.10 + 0.35
+    (F, 0.45, 0.45),
+    # a broken needless call, an unknown tool: format 0/1. attempted: the tag is a call, name 0, parallel 0 ->
+    # 0.35; valid (official): no prediction, name 1, parallel 1 (0 == 0) -> 0.90, as much as the direct answer
+    (tc(call("zzz")), 0.35, 0.90),
+    # a list mixing a good and a bad item: the whole block is invalid -> as the unknown tool
+    (tc([call("f", x=1), call("zzz")]), 0.35, 0.90),
+    # bad JSON, a stray close tag: format 0 of 1 tag -> the same
+    ("<tool_call>{x</tool_call>", 0.35, 0.90),
+    ("</tool_call> I can answer without tools.", 0.35, 0.90),
+    # a clean call and an unknown one, two blocks: format 1/2, name 0, parallel 0 (the first valid block holds
+    # 1 call) -> 0.05 + 0.35 = 0.40 under both rules: between the broken (0.35) and the clean (0.45) call
+    (F + tc(call("zzz")), 0.40, 0.40),
+])
+def test_a_broken_needless_call_never_scores_above_a_clean_one(text, attempted, official):
+    assert tool_process_score(text, [], ALLOWED)["process"] == pytest.approx(attempted)
+    assert tool_process_score(text, [], ALLOWED, needless_calls="valid")["process"] == pytest.approx(official)
+    assert attempted <= 0.45 or "<tool_call>" not in text and "</tool_call>" not in text
+    # the reward on a no-call row allowing the same tools: summary 0 (no_call_summary="zero"), so score = process
+    row = {**ROW, "gold_tool_calls": [], "allowed_tools": ALLOWED}
+    assert HierRReward(judge=FixedJudge())(row, [text]).score == pytest.approx(attempted)
+    assert HierRReward(judge=FixedJudge(), needless_calls="valid")(row, [text]).score == pytest.approx(official)
+
+
+def test_needless_calls_applies_to_tool_turns_beyond_the_gold_steps_only():
+    # gold one step [f(x=1)]; turn 0 right (1.0); turn 1 is beyond the gold steps, scored against the empty plan:
+    # an unknown tool there scores 0.35 (attempted), 0.90 under the official rule (as if the rollout had stopped)
+    gold = [[call("f", x=1)]]
+    turns = tool_turn_scores([F, tc(call("zzz"))], gold, ALLOWED)
+    assert [d["process"] for d in turns] == pytest.approx([1.0, 0.35])
+    assert [d["process"] for d in tool_turn_scores([F, tc(call("zzz"))], gold, ALLOWED,
+                                                   needless_calls="valid")] == pytest.approx([1.0, 0.90])
+    # on a prompt with gold calls nothing changes: an unknown tool is format 0/1, name 0, key = value = 0 (no
+    # prediction), parallel 0 (0 calls vs 1) -> 0 under both rules
+    for rule in ("attempted", "valid"):
+        assert tool_process_score(tc(call("zzz")), gold, ALLOWED, needless_calls=rule)["process"] == 0.0
+    assert HierRReward(judge=FixedJudge()).turn_score(ROW, 1, tc(call("zzz"))) == pytest.approx(0.35)
+    with pytest.raises(ValueError, match=r"reward\.needless_calls='all'"):
+        HierRReward(needless_calls="all")
+
+
+def test_strict_correct_ratio_by_hand():
+    # ToolPO's C(g): the first unused prediction with g's name and every key of g loosely equal (extra keys of
+    # the prediction allowed); ratio = #matched gold calls / #gold calls.
+    gold = [call("f", a=1), call("f", a=2)]
+    # f(a=1) skips f(a=2, b=0) (a differs) and takes f(a=1); f(a=2) takes f(a=2, b=0) (b is extra): 2/2
+    assert strict_correct_ratio([call("f", a=2, b=0), call("f", a=1)], gold) == 1.0
+    assert strict_correct_ratio([call("f", a=1)], gold) == 0.5           # f(a=2) finds nothing
+    assert strict_correct_ratio([call("f", a="1.0")], gold) == 0.5       # loose: "1.0" == 1
+    assert strict_correct_ratio([call("f")], gold) == 0.0                # key a missing
+    assert strict_correct_ratio([call("g", a=1), call("g", a=2)], gold) == 0.0  # wrong name
+    # first match, not best: gold [f(), f(a=1)], prediction [f(a=1)]: f() (no arguments: the name suffices)
+    # takes it, f(a=1) finds nothing left -> 1/2 (in the other gold order 2/2 would be impossible too: 1/2)
+    assert strict_correct_ratio([call("f", a=1)], [call("f"), call("f", a=1)]) == 0.5
+    assert strict_correct_ratio([call("f", a=1)], [call("f", a=1), call("f")]) == 0.5
+    assert strict_correct_ratio([], gold) == 0.0 and strict_correct_ratio([call("f")], []) == 1.0
+
+
+def test_toolpo_parts_of_the_reward():
+    judge = FixedJudge()  # rates 4: summary 0.75
+    # the right call and a judged summary: correct ratio 1/1, solved 1[0.75 >= 0.75] = 1
+    out = HierRReward(judge=judge)(ROW, [CALL, SUMMARY], tool_responses=['{"rain": true}'])
+    assert (out.parts["toolpo_correct_ratio"], out.parts["solved"]) == (1.0, 1.0)
+    assert HierRReward(judge=judge, solved_at=0.8)(ROW, [CALL, SUMMARY], tool_responses=["r"]).parts["solved"] == 0.0
+    # a wrong value (Busan): ratio 0/1, summary still 0.75: solved 1 (the outcome is the judge's, not the call's)
+    out = HierRReward(judge=judge)(ROW, [tc(call("get_weather", city="Busan")), SUMMARY], tool_responses=["r"])
+    assert (out.parts["toolpo_correct_ratio"], out.parts["solved"]) == (0.0, 1.0)
+    # omission (no tag, gold has a call): officially R_succ = 0 and the ratio 0 (score -0.5 is HierR's)
+    out = HierRReward(judge=judge)(ROW, [SUMMARY])
+    assert (out.parts["toolpo_correct_ratio"], out.parts["solved"], out.score) == (0.0, 0.0, -0.5)
+    # a no-call prompt: nothing to verify, ratio 1; summary 0 there (no_call_summary="zero"): solved 0
+    out = HierRReward(judge=judge)({**ROW, "gold_tool_calls": []}, [SUMMARY])
+    assert (out.parts["toolpo_correct_ratio"], out.parts["solved"]) == (1.0, 0.0)
+
+
 def test_process_with_a_same_name_prediction_that_matches_nothing():
     # gold one parallel step [f(a=1), f(b=2)], prediction one block [f(b=2)]: format 1/1; name: pred [f]
     # vs gold [f, f], tp 1 -> 2*1/(1+2) = 2/3; key = value = 0.5 (test_key_value); parallel 1 call vs 2 -> 0.
@@ -339,7 +420,8 @@ def test_result_separates_parts_from_per_turn_lists():
     # entry per tool turn: every reply but the last; [B, K] turn_parts) and from the extras (none here).
     out = HierRReward(judge=FixedJudge())(ROW, [CALL, SUMMARY], tool_responses=['{"rain": true}'])
     assert set(out.parts) == {*COMPONENTS, "process", "summary", "should_call_but_no_call", "judge_failed",
-                              "no_tool_response", "tool_tag", "valid_call", "gold_steps"}
+                              "toolpo_correct_ratio", "solved", "no_tool_response", "tool_tag", "valid_call",
+                              "gold_steps"}
     assert all(type(v) is float for v in out.parts.values())
     # one tool turn (CALL, perfect against gold step 0): process 1, exact
     assert out.turns == {"tool_scores": [1.0], "tool_turn_mask": [1.0], "tool_exact": [1.0]}

@@ -256,6 +256,22 @@ def test_revise_bonus_on_the_reward_or_the_advantage():
     assert record.actions["approver"].adv_bonus.tolist() == pytest.approx([0.0, 0.5] * 3)
 
 
+def test_revise_share_all_counts_forced_revises_and_unforced_does_not():
+    # explore_revise=1: the approver itself revises 1a wrong and 15 right (2 of the 3 challenged), 15 wrong's KEEP
+    # is forced. Target 1, balance 1.5. all (official): share 3/3 = 1 -> bonus 0; unforced: 2/3 -> 1.5 * (1 - 2/3)
+    # = 0.5 on the REVISE rewards (5a -0.3 / 1.5 + 0.5, 2: 1 / -0.25 + 0.5, 5b: 1 / 0 + 0.5).
+    shaping = {"revise_balance": 1.5, "revise_target": 1.0, "explore_revise": 1.0}
+    record, _, _ = play(**shaping)
+    assert (record.counts["revise_share"], record.counts["revise_bonus"]) == (1.0, 0.0)
+    assert record.counts["unforced_revise_rate"] == pytest.approx(2 / 3)
+    assert record.counts["forced_revise_rate"] == pytest.approx(1 / 3)
+    record, _, _ = play(**shaping, revise_share="unforced")
+    assert record.counts["revise_share"] == pytest.approx(2 / 3)
+    assert record.counts["revise_bonus"] == pytest.approx(0.5)
+    assert record.actions["approver"].rewards.tolist() == pytest.approx([-0.3, 2.0, 1.0, 0.25, 1.0, 0.5])
+    assert record.metrics("train")["train/dpa/revise_share"] == pytest.approx(2 / 3)
+
+
 def test_no_challenge_calls_every_role_and_trains_the_verifier_only():
     def all_ns(role, row, x):
         return [action_text(row["line"], "NS")] if role == "verifier" else script(role, row, x)
@@ -274,6 +290,7 @@ def test_no_challenge_calls_every_role_and_trains_the_verifier_only():
     ("revise_bonus_on", "loss", "game.revise_bonus_on='loss': use one of reward, advantage"),
     ("revisions", 0, "game.revisions=0: must be >= 1"),
     ("explore_revise", 1.5, r"game.explore_revise=1.5: must be in \[0, 1\]"),
+    ("revise_share", "own", "game.revise_share='own': use one of all, unforced"),
 ])
 def test_bad_keys_name_the_key(key, value, message):
     with pytest.raises(ValueError, match=message):
