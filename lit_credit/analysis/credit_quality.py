@@ -5,18 +5,29 @@ project's own parts (toolcall rows and their tool environment, the HierR reward,
 :class:`~lit_credit.rollout.Episode` / :func:`~lit_credit.rollout.to_batch`, TCPO's counterfactual augmenter,
 the DPA pair rewards); every registered credit estimator runs on them as in training. No model, no training.
 
-- ``tool`` (:func:`tool_probes`): tool-calling rollouts, a tool turn per gold step (gold, value-, name-corrupted
-  or malformed), then a summary of known true rating 1-5 rated by a judge of known noise. Units: ``tool_turn``
-  (q = HierR's per-turn process score), ``tool`` (the tool segment, q = HierR's process score), ``summary``
-  (q = the clean judge's score).
+- ``tool`` (:func:`tool_probes` with ``causal=True``): tool-calling rollouts, a tool turn per gold step (gold,
+  value-, name-corrupted or malformed), then a summary. The truth is a latent no estimator reads: whether each
+  call is right (the turn's kind is ``gold``), and the summary's rating, which depends on the calls: a summariser
+  of skill ``r`` (1-5) writes a summary of rating ``1 + floor((r - 1) * c + 1/2)`` when a share ``c`` of its calls is
+  right (a wrong call never fetched what a good summary reports). Both rewards measure with noise: HierR's
+  process score (a partial-credit measure of the calls: a well-formed wrong call keeps a floor) and the judge's
+  rating. Units: ``tool_turn`` (q = the call is right), ``tool`` (q = the share of right calls), ``summary``
+  (q = the clean judge's score of the true rating).
+- ``tool_mechanism`` (:func:`tool_probes`, ``causal=False``): the same rollouts as a mechanism check, not a
+  contest: the tool units' truth is HierR's clean process score (what SLCA's tool advantage normalises, so SLCA
+  scores Spearman 1 by construction) and the summary's rating is drawn independently of the calls. It shows
+  whether judge noise reaches tool credit (``leak``), nothing about which credit is better.
 - ``revision`` (:func:`revision_probes`): revision episodes of a synthetic process whose turns improve,
   maintain, regress, enable a later fix or fix; unit ``turn``, q = the turn's exact effect on the outcome.
 - ``decision`` (:func:`decision_probes`): DPA decisions, both canonical actions scored; units ``verifier``,
   ``approver``, ``reviser``, q = whether the action's final value is right.
 
-The noise level is that of the family's measurement: the summary judge (``tool``), the per-turn verifier
+The noise level is that of the family's measurements: the summary judge and the process score (``tool``: each
+rollout's process score and each turn's tool score, and TCPO's counterfactual alternatives' scores, independently
+replaced by a uniform draw in [0, 1]), the summary judge alone (``tool_mechanism``), the per-turn verifier
 (``revision``), the form oracle (``decision``). At level p each measured value is, with probability p,
-replaced by a uniform draw of its range (a rating 1-5, a score in {0, 0.5, 1}, a correctness bit); truth never.
+replaced by a uniform draw of its range (a rating 1-5, a score in [0, 1] or {0, 0.5, 1}, a correctness bit);
+truth never.
 
 Scores of one estimator on one unit type, with ``c_u = mean_{t in u} A_t`` the unit's credit (its mean token
 advantage) and g(u) its group (the rollouts of one prompt, or one DPA pair):
@@ -38,6 +49,7 @@ An estimator that does not apply to a family (it raises ``ValueError`` on the ba
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -68,7 +80,7 @@ from lit_credit.types import Completion, Feedback, RewardResult, RolloutBatch, S
 
 NOISES = (0.0, 0.25, 0.5, 1.0)
 GROUP_SIZE = 8
-FAMILIES = ("tool", "revision", "decision")
+FAMILIES = ("tool", "tool_mechanism", "revision", "decision")
 TOL = 1e-9
 
 # Token ids are synthetic (no estimator reads them): prompt tokens carry the rollout's index, reply and
@@ -360,6 +372,46 @@ def tool_rows(groups: int, seed: int) -> list[dict[str, Any]]:
     return [dict(r) for r in task.dataset("test")]
 
 
+def right_share(spec: ToolSpec) -> float:
+    """The share of ``spec``'s calls that are right (kind ``gold``): the tool segment's latent quality."""
+    return spec.kinds.count("gold") / len(spec.kinds)
+
+
+def summary_rating(spec: ToolSpec) -> int:
+    """The true rating of ``spec``'s summary in the causal family: ``1 + round((r - 1) * c)`` for skill ``r =
+    spec.rating`` and right-call share ``c`` (:func:`right_share`): all calls right gives ``r``, none gives 1."""
+    return 1 + math.floor((spec.rating - 1) * right_share(spec) + 0.5)
+
+
+def measured(batch: RolloutBatch, weights: Mapping[str, float], noise: float, seed: int) -> RolloutBatch:
+    """``batch`` as noisy measurements of the calls report it: with probability ``noise`` independently, each
+    rollout's ``reward_parts["process"]`` and ``reward_parts["toolpo_correct_ratio"]`` (ToolPO's strict ratio,
+    a measurement of the same calls), each tool turn's ``turn_parts["tool_scores"]`` and each of TCPO's
+    counterfactual ``extras["alt_scores"]`` is replaced by a uniform draw in [0, 1] (``torch.Generator`` seeded
+    ``seed``); ``scores`` follow, ``score + w_process * (process' - process)``. The input is not changed."""
+    if noise == 0:
+        return batch
+    gen = torch.Generator().manual_seed(seed)
+
+    def noisy(x: Tensor) -> Tensor:
+        hit = torch.rand(x.shape, generator=gen, dtype=torch.float64) < noise
+        draw = torch.rand(x.shape, generator=gen, dtype=torch.float64).to(x.dtype)
+        return torch.where(hit, draw, x)
+
+    process = batch.reward_parts["process"]
+    new_process = noisy(process)
+    out = dataclasses.replace(
+        batch, scores=batch.scores + weights["process"] * (new_process - process).to(batch.scores.dtype),
+        reward_parts={**batch.reward_parts, "process": new_process,
+                      **({"toolpo_correct_ratio": noisy(batch.reward_parts["toolpo_correct_ratio"])}
+                         if "toolpo_correct_ratio" in batch.reward_parts else {})},
+        turn_parts={**batch.turn_parts, "tool_scores": noisy(batch.turn_parts["tool_scores"])},
+        extras=dict(batch.extras))
+    if "alt_scores" in batch.extras:
+        out.extras["alt_scores"] = noisy(batch.extras["alt_scores"])
+    return out
+
+
 def tool_specs(rows: Sequence[dict[str, Any]], seed: int, group_size: int = GROUP_SIZE) -> list[ToolSpec]:
     """``group_size`` rollouts per row: each gold step's kind drawn from :data:`KIND_PROBS`, the summary's true
     rating uniform in 1-5, from ``random.Random(seed)``."""
@@ -369,22 +421,28 @@ def tool_specs(rows: Sequence[dict[str, Any]], seed: int, group_size: int = GROU
 
 
 def tool_probes(rows: Sequence[dict[str, Any]], specs: Sequence[ToolSpec], judges: Mapping[float, SummaryJudge],
-                *, seed: int = 0) -> list[Probe]:
+                *, seed: int = 0, causal: bool = False) -> list[Probe]:
     """One probe per judge (noise level -> judge): the rollouts of ``specs`` on ``rows`` (environment
     ``ToolEnvironment(debris_ends_episode=False)``, so a malformed turn gets an error answer and the rollout
     goes on to its summary), scored by ``HierRReward(judge=judge)`` (weights 1, 1) and, for the truth, by the
-    same reward with a clean :class:`KnownQualityJudge`. Every judge gets ``judge.truth = rating`` before each
-    call. TCPO's counterfactual alternatives of the tool turns (``batch.extras``, for ``slca_tcpo`` preset
-    ``tcpo``) come from the project's ``CounterfactualTurns(score="reward")`` with its defaults (top 5 turns
-    per group by surprisal, 4 samples) and a :class:`ToolSampler`; they do not depend on the judge."""
+    same reward with a clean :class:`KnownQualityJudge`. Every judge gets ``judge.truth`` = the summary's true
+    rating before each call: ``spec.rating`` (``causal=False``, the ``tool_mechanism`` family) or
+    :func:`summary_rating` (``causal=True``, the ``tool`` family, whose process measurements are also noisy at
+    the judge's level: :func:`measured`, seeded ``seed``). TCPO's counterfactual alternatives of the tool turns
+    (``batch.extras``, for ``slca_tcpo`` preset ``tcpo``) come from the project's
+    ``CounterfactualTurns(score="reward")`` with its defaults (top 5 turns per group by surprisal, 4 samples) and
+    a :class:`ToolSampler`; they do not depend on the judge. Truth: the clean process score (mechanism) or the
+    right calls (causal) for the tool units, the clean judge's score for the summary."""
     env = ToolCallTask(num_train=0, num_test=0, debris_ends_episode=False).environment()
-    episodes = [tool_episode(rows[s.group], s, i, env) for i, s in enumerate(specs)]
+    ratings_true = [summary_rating(s) if causal else s.rating for s in specs]
+    episodes = [tool_episode(rows[s.group], dataclasses.replace(s, rating=r), i, env)
+                for i, (s, r) in enumerate(zip(specs, ratings_true))]
 
     def scored(judge: SummaryJudge) -> tuple[RolloutBatch, list[RewardResult]]:
         reward = HierRReward(judge=judge)
         results = []
-        for ep, spec in zip(episodes, specs):
-            judge.truth = spec.rating  # type: ignore[attr-defined]
+        for ep, rating in zip(episodes, ratings_true):
+            judge.truth = rating  # type: ignore[attr-defined]
             results.append(reward(ep.row, ep.replies, tool_responses=ep.tool_responses, turn_scores=ep.turn_scores))
         batch = to_batch(episodes, results, PAD)
         batch.reward_weights = reward.part_weights
@@ -394,9 +452,8 @@ def tool_probes(rows: Sequence[dict[str, Any]], specs: Sequence[ToolSpec], judge
     sampler = ToolSampler([ep.row for ep in episodes], HierRReward(judge=KnownQualityJudge()), seed)
     CounterfactualTurns(score="reward", seed=seed)(clean, sampler)
     summary_clean = torch.tensor([r.parts["summary"] for r in clean_results], dtype=torch.float64)
-    process = torch.tensor([r.parts["process"] for r in clean_results], dtype=torch.float64)
     guarded = torch.tensor([r.parts["no_tool_response"] > 0 for r in clean_results])
-    ratings = torch.tensor([s.rating for s in specs])
+    ratings = torch.tensor(ratings_true)
     mask = clean.turn_parts["tool_turn_mask"].bool()
     width = mask.shape[1]
     kinds = torch.tensor([[KINDS.index(k) for k in s.kinds] + [0] * (width - len(s.kinds)) for s in specs])
@@ -406,20 +463,28 @@ def tool_probes(rows: Sequence[dict[str, Any]], specs: Sequence[ToolSpec], judge
     on_turn = (clean.turn_ids >= 0) & (clean.turn_ids < width) & clean.response_mask.bool()
     turn_of_token = torch.where(on_turn, turn_unit.gather(1, clean.turn_ids.clamp(0, width - 1)), -1)
     groups = clean.group_ids
+    if causal:
+        turn_truth = (kinds == KINDS.index("gold")).double()[mask]
+        tool_truth = torch.tensor([right_share(s) for s in specs], dtype=torch.float64)
+    else:
+        turn_truth = clean.turn_parts["tool_scores"][mask].double()
+        tool_truth = torch.tensor([r.parts["process"] for r in clean_results], dtype=torch.float64)
     probes = []
     for level, judge in judges.items():
         batch, results = scored(judge)
         batch.extras = dict(clean.extras)
+        if causal:
+            batch = measured(batch, HierRReward().part_weights, float(level), seed)
         noise = torch.tensor([r.parts["summary"] for r in results], dtype=torch.float64) - summary_clean
         units = [
-            Units("tool_turn", turn_of_token, clean.turn_parts["tool_scores"][mask].double(),
-                  groups[:, None].expand_as(mask)[mask], kinds[mask], KINDS, noise[:, None].expand_as(mask)[mask]),
-            Units("tool", torch.where(tool_mask, rollout[:, None], -1), process, groups,
+            Units("tool_turn", turn_of_token, turn_truth, groups[:, None].expand_as(mask)[mask], kinds[mask], KINDS,
+                  noise[:, None].expand_as(mask)[mask]),
+            Units("tool", torch.where(tool_mask, rollout[:, None], -1), tool_truth, groups,
                   torch.where(mask, kinds, 0).amax(1), SEGMENT_KINDS, noise),
             Units("summary", torch.where(summary_mask, rollout[:, None], -1), summary_clean, groups,
                   torch.where(guarded, len(SUMMARY_KINDS) - 1, ratings - 1), SUMMARY_KINDS),
         ]
-        probes.append(Probe("tool", float(level), batch, units))
+        probes.append(Probe("tool" if causal else "tool_mechanism", float(level), batch, units))
     return probes
 
 
@@ -605,10 +670,13 @@ class Case:
 
 TCPO_LADDER = ("trajectory", "turn", "diff", "retro", "retro_hindsight")  # the registered default is "tcpo"
 VARIANTS = {"tool": [Case("slca_tcpo[tcpo]", "slca_tcpo", {"preset": "tcpo"})],
+            "tool_mechanism": [Case("slca_tcpo[tcpo]", "slca_tcpo", {"preset": "tcpo"})],
             "revision": [Case(f"tcpo[{p}]", "tcpo", {"preset": p}) for p in TCPO_LADDER]}
+_DPA_ON_TOOL = ("DPA credit normalises the two canonical actions of one decision (a pair); these groups are n "
+                "sampled rollouts of a prompt, on which it is GRPO with the population std")
 NOT_APPLICABLE = {
-    ("dpa", "tool"): "DPA credit normalises the two canonical actions of one decision (a pair); these groups "
-                     "are n sampled rollouts of a prompt, on which it is GRPO with the population std",
+    ("dpa", "tool"): _DPA_ON_TOOL,
+    ("dpa", "tool_mechanism"): _DPA_ON_TOOL,
     ("dpa", "revision"): "DPA credit normalises the two canonical actions of one decision (a pair); these groups "
                          "are n sampled episodes of a prompt, on which it is GRPO with the population std",
 }
@@ -655,7 +723,8 @@ def run(size: str = "small", seed: int = 0) -> dict[str, Any]:
     s = SIZES[size]
     rows = tool_rows(s.tool_groups, seed)
     judges = {p: KnownQualityJudge(noise=p, seed=seed) for p in NOISES}
-    probes = [*tool_probes(rows, tool_specs(rows, seed), judges, seed=seed),
+    specs = tool_specs(rows, seed)
+    probes = [*tool_probes(rows, specs, judges, seed=seed, causal=True), *tool_probes(rows, specs, judges, seed=seed),
               *revision_probes(s.revision_groups, seed), *decision_probes(s.decisions, seed)]
     results, not_applicable = evaluate(probes)
     settings = {"size": size, "seed": seed, "noises": list(NOISES), "group_size": GROUP_SIZE,
@@ -666,10 +735,13 @@ def run(size: str = "small", seed: int = 0) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ report
-TITLES = {"tool": "(a) tool calling: HierR on toolcall rows, summary judge noise",
+TITLES = {"tool": "(a) tool calling: truth = the calls' correctness and a summary that depends on them; process "
+                  "score and judge both noisy",
+          "tool_mechanism": "(a') tool calling, mechanism check (built-in winner: the truth is SLCA's own input): "
+                            "HierR's clean process score, an independent summary rating, judge noise only",
           "revision": "(b) multi-turn revision: a synthetic process, verifier noise",
           "decision": "(c) DPA decisions: both canonical actions scored, oracle noise"}
-KIND_TABLES = (("tool", "tool_turn"), ("revision", "turn"), ("decision", "approver"))
+KIND_TABLES = (("tool", "tool_turn"), ("tool_mechanism", "tool_turn"), ("revision", "turn"), ("decision", "approver"))
 
 
 def _f(x: float | None) -> str:
@@ -695,7 +767,7 @@ def markdown(report: dict[str, Any]) -> str:
         first = next(r for r in results if r["family"] == family)
         legend = "spearman / sign" + (" / sign0" if "sign0" in first else "")
         out += [f"### {TITLES[family]}", "",
-                f"Cells: {legend}" + (" (/ leak on tool units)" if family == "tool" else "") + ".", "",
+                f"Cells: {legend}" + (" (/ leak on tool units)" if family.startswith("tool") else "") + ".", "",
                 "| unit | estimator | " + " | ".join(f"noise {p:g}" for p in noises) + " |",
                 "|---|---|" + "---:|" * len(noises)]
         for unit in units:
@@ -732,8 +804,8 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-PANELS = (("tool", "tool", "spearman", "(a) tool segment: Spearman(credit, process score)"),
-          ("tool", "tool", "leak", "(a) tool segment: leakage of judge noise"),
+PANELS = (("tool", "tool", "spearman", "(a) tool segment: Spearman(credit, share of right calls)"),
+          ("tool_mechanism", "tool", "leak", "(a') mechanism check, tool segment: leakage of judge noise"),
           ("revision", "turn", "spearman", "(b) revision turns: Spearman(credit, true effect)"),
           ("decision", None, "sign", "(c) DPA credit: sign agreement with the right action"))
 
@@ -768,7 +840,8 @@ def plot(report: dict[str, Any]):
     return fig
 
 
-__all__ = ["FAMILIES", "NOISES", "SIZES", "Case", "KnownQualityJudge", "Probe", "ToolSpec", "Units", "cases",
-           "decision_probes", "evaluate", "leakage", "markdown", "plot", "revision_probes", "run", "score_units",
-           "sign_agreement", "simulate", "tool_probes", "tool_rows", "tool_specs", "true_effects", "unit_credit",
+__all__ = ["FAMILIES", "NOISES", "SIZES", "Case", "KnownQualityJudge", "Probe", "ToolSpec", "Units",
+           "cases", "decision_probes", "evaluate", "leakage", "markdown", "measured", "plot",
+           "revision_probes", "right_share", "run", "score_units", "sign_agreement", "simulate",
+           "summary_rating", "tool_probes", "tool_rows", "tool_specs", "true_effects", "unit_credit",
            "within_group_spearman"]

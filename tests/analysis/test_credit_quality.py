@@ -1,5 +1,6 @@
 """The credit-quality benchmark (issue 20 item 2): its scores by hand, its construction pinned on hand-built
-batches (GRPO's judge-noise leakage at its analytic value, SLCA's at 0; SLCA ranks a gold tool turn above a
+batches (the causal tool family's latent truth and its noisy process measurement; in the mechanism check
+GRPO's judge-noise leakage at its analytic value, SLCA's at 0; SLCA ranks a gold tool turn above a
 name-corrupted and a malformed one where GRPO does not; the revision process's exact effects; the DPA truth),
 and the command on its smallest setting."""
 from __future__ import annotations
@@ -131,6 +132,54 @@ def test_tool_layout_is_what_slca_and_slca_tcpo_read():
     assert cf_mask.sum() == 4 and not alt[cf_mask].isnan().any() and alt[~cf_mask].isnan().all()
 
 
+def test_the_causal_tool_family_truth_is_the_calls_and_a_summary_that_depends_on_them():
+    """Skill 5 with both calls right writes rating 5; with one of two right 1 + floor(4 x 0.5 + 0.5) = 3; with
+    none 1. Skill 4 with one of two right: 1 + floor(1.5 + 0.5) = 3; skill 2 with one of two: 1 + floor(1) = 2."""
+    spec = cq.ToolSpec
+    assert [cq.summary_rating(spec(0, k, r)) for k, r in ((("gold", "gold"), 5), (("gold", "value"), 5),
+                                                         (("name", "malformed"), 5), (("value", "gold"), 4),
+                                                         (("gold", "name"), 2))] == [5, 3, 1, 3, 2]
+    row = next(r for r in cq.tool_rows(4, seed=0) if r["subset"] == "multi")
+    specs = [spec(0, ("gold", "gold"), 5), spec(0, ("value", "gold"), 5), spec(0, ("value", "value"), 5)]
+    (probe,) = cq.tool_probes([row], specs, {0.0: cq.KnownQualityJudge()}, causal=True)
+    assert probe.family == "tool"
+    units = {u.name: u for u in probe.units}
+    assert units["tool_turn"].truth.tolist() == [1.0, 1.0, 0.0, 1.0, 0.0, 0.0]  # right or not, per call
+    assert units["tool"].truth.tolist() == [1.0, 0.5, 0.0]
+    # true ratings 5, 3, 1 -> the clean judge's (rating - 1) / 4 = 1, .5, 0; the judge measures them (noise 0)
+    assert units["summary"].truth.tolist() == [1.0, 0.5, 0.0]
+    assert probe.batch.reward_parts["summary"].tolist() == [1.0, 0.5, 0.0]
+    # the process score is a partial-credit measure, not the truth: a call with one wrong value of n_k arguments
+    # still scores 1 - 0.2 / n_k (value = 1 - 1 / n_k of the 0.20 weight)
+    arity = [len(step[0]["arguments"]) for step in json.loads(row["gold_tool_calls"])[:2]]
+    assert probe.batch.turn_parts["tool_scores"][2, :2].tolist() == [pytest.approx(1 - 0.2 / n) for n in arity]
+
+
+def test_the_process_measurement_noise():
+    """``measured`` at noise 1 redraws every process score, ToolPO ratio, tool score and counterfactual score, and moves the
+    total score by w_process x the change; at noise 0 it is the batch itself; the input is never changed."""
+    row = next(r for r in cq.tool_rows(4, seed=0) if r["subset"] == "multi")
+    specs = [cq.ToolSpec(0, ("gold", "gold"), 5), cq.ToolSpec(0, ("value", "gold"), 3)]
+    (probe,) = cq.tool_probes([row], specs, {0.0: cq.KnownQualityJudge()})
+    batch = probe.batch
+    before = (batch.scores.clone(), batch.reward_parts["process"].clone(), batch.turn_parts["tool_scores"].clone())
+    assert cq.measured(batch, {"process": 1.0}, 0.0, seed=0) is batch
+    noisy = cq.measured(batch, {"process": 2.0}, 1.0, seed=0)
+    assert (noisy.reward_parts["process"] != batch.reward_parts["process"]).all()
+    ratio = batch.reward_parts["toolpo_correct_ratio"]  # ToolPO's strict ratio measures the same calls
+    assert ratio.tolist() == [1.0, 0.5] and (noisy.reward_parts["toolpo_correct_ratio"] != ratio).all()
+    assert ((noisy.turn_parts["tool_scores"] - batch.turn_parts["tool_scores"]).abs() > 0).all()
+    cf = batch.extras["cf_mask"]
+    assert (noisy.extras["alt_scores"][cf] != batch.extras["alt_scores"][cf]).all()
+    torch.testing.assert_close(noisy.scores - batch.scores,
+                               2.0 * (noisy.reward_parts["process"] - batch.reward_parts["process"]).float())
+    assert ((noisy.reward_parts["process"] >= 0) & (noisy.reward_parts["process"] <= 1)).all()
+    assert all(torch.equal(a, b) for a, b in zip(before, (batch.scores, batch.reward_parts["process"],
+                                                          batch.turn_parts["tool_scores"])))
+    assert torch.equal(cq.measured(batch, {"process": 2.0}, 0.5, seed=3).scores,
+                       cq.measured(batch, {"process": 2.0}, 0.5, seed=3).scores)  # seeded
+
+
 def test_revision_effects_by_hand():
     i, m, r, e, f = (cq.ACTIONS.index(a) for a in cq.ACTIONS)
     actions = torch.tensor([[i, e, r, f, m], [i, i, r, m, i], [i, i, m, m, r]])
@@ -189,18 +238,23 @@ def test_small_benchmark_command(tmp_path, capsys):
         assert not {e for f, _, e, _ in rows if f == family} & {e for f, e in na if f == family}
     assert len(rows) == len(report["results"])
     assert "turn_scores" in na[("tool", "tcpo")] and "reward_parts['process']" in na[("revision", "slca")]
-    assert ("tool", "dpa") in na and ("decision", "dpa") not in na
+    assert ("tool", "dpa") in na and ("tool_mechanism", "dpa") in na and ("decision", "dpa") not in na
+    mech = "tool_mechanism"
     for p in cq.NOISES:
-        assert rows[("tool", "tool", "slca", p)]["spearman"] == 1.0  # SLCA's tool credit is Norm(process)
-        assert rows[("tool", "tool", "slca", p)]["sign"] == 1.0
-        for metric in ("spearman", "sign"):  # positive affine maps of each other within a group
-            assert rows[("tool", "tool", "rloo", p)][metric] == rows[("tool", "tool", "grpo", p)][metric]
+        assert rows[(mech, "tool", "slca", p)]["spearman"] == 1.0  # the built-in winner: truth = SLCA's input
+        assert rows[(mech, "tool", "slca", p)]["sign"] == 1.0
+        for family in ("tool", mech):
+            for metric in ("spearman", "sign"):  # positive affine maps of each other within a group
+                assert rows[(family, "tool", "rloo", p)][metric] == rows[(family, "tool", "grpo", p)][metric]
+        for metric in ("spearman", "sign"):
             assert rows[("revision", "turn", "tcpo[trajectory]", p)][metric] == \
                 rows[("revision", "turn", "grpo", p)][metric]
-    assert rows[("tool", "summary", "slca", 0.0)]["spearman"] == 1.0
-    assert rows[("tool", "summary", "grpo", 0.0)]["spearman"] < 1.0  # the process score's spread leaks in
-    assert rows[("tool", "tool", "grpo", 0.0)]["leak"] is None  # no judge noise, nothing to leak
-    assert rows[("tool", "tool", "grpo", 1.0)]["leak"] > 0.3
+    # the causal family has no built-in winner: the partial-credit process score is not the calls' correctness
+    assert rows[("tool", "tool", "slca", 0.0)]["spearman"] < 1.0
+    assert rows[(mech, "summary", "slca", 0.0)]["spearman"] == 1.0
+    assert rows[(mech, "summary", "grpo", 0.0)]["spearman"] < 1.0  # the process score's spread leaks in
+    assert rows[(mech, "tool", "grpo", 0.0)]["leak"] is None  # no judge noise, nothing to leak
+    assert rows[(mech, "tool", "grpo", 1.0)]["leak"] > 0.3
     for role in ("verifier", "approver", "reviser"):
         assert rows[("decision", role, "dpa", 0.0)]["sign"] == 1.0
         assert rows[("decision", role, "dpa", 0.0)]["spearman"] == 1.0
