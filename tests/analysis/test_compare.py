@@ -21,10 +21,10 @@ from lit_credit.analysis.compare import (
     arms,
     baseline_of,
     compare,
-    load_runs,
-    main,
     detectable_effect,
     holm,
+    load_runs,
+    main,
     paired_bootstrap,
     paired_t,
     parse_spec,
@@ -134,7 +134,7 @@ def test_holm_by_hand():
 
 
 def test_the_expanded_bootstrap_is_refused_below_ten_seeds_and_widens_the_percentile():
-    with pytest.raises(CompareError, match="needs at least 10 seeds.*fix: --interval t"):
+    with pytest.raises(CompareError, match=r"needs at least 10 seeds.*fix: --interval t"):
         paired_bootstrap([0.1, -0.2, 0.3, 0.05, 0.15])
     d = [0.1, -0.2, 0.3, 0.05, 0.15, 0.0, 0.2, -0.1, 0.12, 0.08]
     mean, low, high = paired_bootstrap(d)

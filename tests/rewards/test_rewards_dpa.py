@@ -95,7 +95,7 @@ def test_revise_share_all_or_unforced_by_hand():
     assert revise_bonus(revise_share(never, forced), balance=1.5, target=0.3) == 0.0
     assert revise_bonus(revise_share(never, forced, "unforced"), balance=1.5, target=0.3) == pytest.approx(0.45)
     assert revise_share([], []) == 0.0 == revise_share([], [], "unforced")  # no challenge
-    with pytest.raises(ValueError, match="game.revise_share='own': use one of all, unforced"):
+    with pytest.raises(ValueError, match=r"game\.revise_share='own': use one of all, unforced"):
         revise_share(own, forced, "own")
     with pytest.raises(ValueError, match="both the approver's own REVISE and a forced one"):
         revise_share([True], [True])

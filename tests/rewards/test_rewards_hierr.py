@@ -269,7 +269,7 @@ def test_perfect_and_empty_cases():
 def test_a_broken_needless_call_never_scores_above_a_clean_one(text, attempted, official):
     assert tool_process_score(text, [], ALLOWED)["process"] == pytest.approx(attempted)
     assert tool_process_score(text, [], ALLOWED, needless_calls="valid")["process"] == pytest.approx(official)
-    assert attempted <= 0.45 or "<tool_call>" not in text and "</tool_call>" not in text
+    assert attempted <= 0.45 or ("<tool_call>" not in text and "</tool_call>" not in text)
     # the reward on a no-call row allowing the same tools: summary 0 (no_call_summary="zero"), so score = process
     row = {**ROW, "gold_tool_calls": [], "allowed_tools": ALLOWED}
     assert HierRReward(judge=FixedJudge())(row, [text]).score == pytest.approx(attempted)
