@@ -291,16 +291,11 @@ class ToolPOCredit(CreditEstimator):
 
 
 @register("toolpo_process")
-class ToolPOProcessCredit(CreditEstimator):
+class ToolPOProcessCredit(ToolPOCredit):
     """:func:`toolpo_process_advantages` of ``reward_parts["process"]`` and the total score
     (``reward_parts["score"]``, default ``batch.scores``); optional ``reward_parts["should_call_but_no_call"]``.
     Not the official ToolPO (``credit=toolpo``): its tool advantage is built from HierR's process score.
     """
-
-    def __init__(self, *, lam: float = 1.0, eps: float = 1e-6, norm_by_std: bool = True) -> None:
-        self.lam = lam
-        self.eps = eps
-        self.norm_by_std = norm_by_std
 
     def __call__(self, batch: RolloutBatch) -> CreditOutput:
         parts = batch.reward_parts
