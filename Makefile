@@ -70,12 +70,15 @@ test-smollm2: dev smollm2  ## the real-model tests (tests/models/test_smollm2.py
 	$(BIN)/python -m pytest -m smollm2 $(ARGS)
 
 # Benchmarks (benchmarks/README.md, figures in BENCHMARKS.md): one command each; results/*.json beside them.
-.PHONY: bench-estimators bench-credit bench-logprobs bench-rollout bench-rollout-memory bench-trl bench-scaling
+.PHONY: bench-estimators bench-credit bench-learning bench-logprobs bench-rollout bench-rollout-memory bench-trl bench-scaling
 bench-estimators: install  ## every credit estimator vs a Python-loop reference and the memory-bound floor
 	$(BIN)/python -m benchmarks.estimators $(ARGS)
 
 bench-credit: install  ## credit quality against ground truth: every estimator on batches of known true quality (no model)
 	$(BIN)/python -m benchmarks.credit_quality $(ARGS)
+
+bench-learning: install  ## closed-loop credit learning: tabular policies trained with every estimator, steps to a true-quality threshold vs GRPO (no model)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m benchmarks.credit_learning $(ARGS)
 
 bench-logprobs: install  ## padded vs padding-free (token-budget) log-probs on long multi-turn batches
 	$(BIN)/python -m benchmarks.logprobs $(ARGS)
