@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -21,6 +21,11 @@ from lit_credit.rollout.seeds import mix_seed
 from lit_credit.types import CreditTrace, RolloutBatch, cat_batches
 
 MINIBATCH_STREAM = 2  # the seed stream of the minibatch splits (0, 1: the DataModule's rollout streams)
+
+
+def extreme_by_suffix(key: str) -> Any:
+    """The exact reduction over ranks of a metric named ``...max`` (max) or ``...min`` (min); None otherwise."""
+    return max if key.endswith("max") else min if key.endswith("min") else None
 
 
 class GRPOModule(PolicyModule):
@@ -190,7 +195,7 @@ class GRPOModule(PolicyModule):
         leakage = credit_leakage(batch, advantages)
         if leakage == leakage:  # not NaN: a tool task with a summary score
             logs["credit/leakage"] = leakage
-        logs = self.over_ranks(logs, {k: max if k.endswith("max") else min for k in logs if k.endswith(("max", "min"))})
+        logs = self.over_ranks(logs, extreme_by_suffix)
         if self.grad_cosine_every and self.global_step % self.grad_cosine_every == 0 and self.logger is not None:
             params = [p for p in self.policy.parameters() if p.requires_grad]
             cosine = segment_grad_cosine(self.loss, self._logprobs(self.policy, batch)[0], advantages,
@@ -275,17 +280,21 @@ class GRPOModule(PolicyModule):
         return self.over_ranks(logs, reduce) | {"train/updates": float(len(updates)), "train/lr": opt.param_groups[0]["lr"]}
 
     @staticmethod
-    def over_ranks(logs: dict[str, float], reduce: Mapping[str, Any]) -> dict[str, float]:
-        """``logs`` of every rank in one: ``reduce[key]`` (min, max) or the mean over the ranks that logged the
-        key (a credit metric of a turn kind only some ranks saw). The losses are exact (each rank's is its share
+    def over_ranks(logs: dict[str, float], reduce: Mapping[str, Any] | Callable[[str], Any]) -> dict[str, float]:
+        """``logs`` of every rank in one: ``reduce[key]`` (or ``reduce(key)``: min, max, or None) or the mean over
+        the ranks that logged the key (a credit metric of a turn kind only some ranks saw), over the union of
+        the ranks' keys. Whole-batch statistics (``credit/leakage``, ``credit/zero_variance_group_frac``) are
+        means of the ranks' values, not the step's value. The losses are exact (each rank's is its share
         of the whole minibatch's, :meth:`minibatch_loss`, times the world size); the token means (KL, clip
         fractions, the engine gap, entropy, the credit's ``adv_mean`` / ``adv_std``) are means of the ranks'
         means, exact when the ranks hold as many tokens; maxima and minima are exact. One process: ``logs``."""
         ranks = gather_objects(logs)
         if len(ranks) == 1:
             return logs
+        pick = reduce if callable(reduce) else reduce.get
         keys = dict.fromkeys(k for r in ranks for k in r)
-        return {k: reduce.get(k, lambda v: sum(v) / len(v))([r[k] for r in ranks if k in r]) for k in keys}
+        return {k: (pick(k) or (lambda v: sum(v) / len(v)))([r[k] for r in ranks if k in r]) for k in keys}
+
 
     def check_logprob_gap(self, gap: float) -> None:
         if self.max_logprob_gap is not None and gap > self.max_logprob_gap:

@@ -139,3 +139,16 @@ def test_metric_sets_come_from_config(override, make_cfg):
     assert ("train/success" in logs) == ("turn" in names) and ("train/pass@turn1" in logs) == ("turn" in names)
     if "turn" in names:
         assert logs["train/success"] == 0.5
+
+
+def test_over_ranks_reduces_each_key_over_the_ranks_that_logged_it(monkeypatch):
+    """Two ranks' logs: ``.../max`` is the max over ranks, ``.../min`` the min, anything else the mean over the
+    ranks that logged the key: a turn kind only rank 1 saw keeps rank 1's value, not half of it."""
+    from lit_credit.methods import grpo
+
+    ranks = [{"a/max": 1.0, "a/min": 1.0, "loss": 2.0},
+             {"a/max": 3.0, "a/min": -1.0, "loss": 4.0, "credit/tool/adv_mean": 0.6}]
+    monkeypatch.setattr(grpo, "gather_objects", lambda obj: ranks)
+    out = grpo.GRPOModule.over_ranks(ranks[0], grpo.extreme_by_suffix)
+    assert out == {"a/max": 3.0, "a/min": -1.0, "loss": 3.0, "credit/tool/adv_mean": 0.6}
+    assert grpo.GRPOModule.over_ranks(ranks[0], {"loss": max})["loss"] == 4.0
