@@ -139,7 +139,7 @@ def test_the_expanded_bootstrap_is_refused_below_ten_seeds_and_widens_the_percen
     d = [0.1, -0.2, 0.3, 0.05, 0.15, 0.0, 0.2, -0.1, 0.12, 0.08]
     mean, low, high = paired_bootstrap(d)
     assert mean == pytest.approx(0.07) and paired_bootstrap(d) == paired_bootstrap(d)  # seeded
-    # at 10 seeds a' = 2 Phi(sqrt(10/9) t_{9, 0.025}) = 0.0356: wider than the plain 95 % percentile, and close to t
+    # at 10 seeds a' = 2 Phi(sqrt(10/9) t_{9, 0.025}) = 0.0171: wider than the plain 95 % percentile, and close to t
     import numpy as np
     means = np.asarray(d)[np.random.default_rng(0).integers(0, 10, size=(10_000, 10))].mean(1)
     plain = np.percentile(means, [2.5, 97.5])
@@ -210,7 +210,7 @@ def test_the_table(sweep):
     assert lines[0].startswith("`val/acc` at step 10 (the last step every run logged); baseline credit=grpo, frozen "
                                "control method.optimizer.lr=0; paired by seed; 95 % Student-t interval")
     assert "detectable: the smallest true difference found with 80% power at alpha 0.05" in lines[0]
-    # detectable = 3.264044 sd (3 seeds) x sqrt(3) / 12 = 0.471124 for SLCA and the control; 0 for RLOO (sd 0)
+    # detectable = 3.264044 sd (3 seeds) x sqrt(3) / 12 = 0.471124 for SLCA and the control; RLOO has no spread (sd 0): n/a
     assert lines[2:] == [
         "| arm | seeds | arm mean | baseline mean | difference | 95 % interval | per-seed differences | p | "
         "detectable | verdict |",
@@ -221,7 +221,7 @@ def test_the_table(sweep):
         "| credit=slca | 3 | 0.6667 | 0.5000 | +0.1667 | [-0.1919, +0.5252] | 0:+0.2500 1:+0.2500 2:+0.0000 | "
         "0.184 | 0.4711 | no difference larger than 0.5252 |",
         "| credit=rloo | 3 | 0.7500 | 0.5000 | +0.2500 | [+0.2500, +0.2500] | 0:+0.2500 1:+0.2500 2:+0.2500 | "
-        "<0.001 | 0.0000 | higher (by 0.2500) |",
+        "<0.001 | n/a (no spread) | higher (by 0.2500) |",
         # control mean (0.5 + 0.25 + 0.5) / 3 = 0.4167; d = 0, 0, -0.25
         "| credit=grpo method.optimizer.lr=0 (control) | 3 | 0.4167 | 0.5000 | -0.0833 | [-0.4419, +0.2752] | "
         "0:+0.0000 1:+0.0000 2:-0.2500 | 0.423 | 0.4711 | no difference larger than 0.4419 |",
@@ -246,7 +246,11 @@ def test_a_family_gets_holm_verdicts_and_simultaneous_intervals(sweep):
     text = table(result)
     assert "Family of 3 comparisons: simultaneous (Bonferroni) intervals, verdicts by Holm-adjusted p < 0.05." in text
     assert "| 98.33 % interval |" in text and "| p | Holm p | detectable | verdict |" in text
-    assert "| 0.184 | 0.367 | 0.4711 | no difference larger than" in text
+    # detectable at Bonferroni's alpha 0.05 / 3 (what Holm's strictest step needs): the same sd 0.1443 of SLCA's
+    # differences, 5.67 sd at 3 seeds instead of the 3.26 sd (0.4711) at alpha 0.05
+    assert "power at alpha 0.017 (Bonferroni's, what Holm's strictest step needs)" in text
+    assert "| 0.184 | 0.367 | 0.8180 | no difference larger than" in text
+    assert slca.detectable / 0.4711 == pytest.approx(5.67 / 3.26, rel=2e-3)
 
 
 def test_the_frozen_start_is_the_baselines_runs_at_their_first_step(sweep):
