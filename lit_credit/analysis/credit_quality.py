@@ -378,7 +378,7 @@ def right_share(spec: ToolSpec) -> float:
 
 
 def summary_rating(spec: ToolSpec) -> int:
-    """The true rating of ``spec``'s summary in the causal family: ``1 + round((r - 1) * c)`` for skill ``r =
+    """The true rating of ``spec``'s summary in the causal family: ``1 + floor((r - 1) * c + 1/2)`` (halves round up) for skill ``r =
     spec.rating`` and right-call share ``c`` (:func:`right_share`): all calls right gives ``r``, none gives 1."""
     return 1 + math.floor((spec.rating - 1) * right_share(spec) + 0.5)
 

@@ -156,7 +156,8 @@ def toolpo_advantages(
     tokens get ``A_global + lam * A_tool``, summary tokens ``A_global``; 0 outside the response mask. No
     omission guard (official). ``credit=toolpo`` passes the official inputs (outcome = the binary ``solved``,
     tool score = the strict ``toolpo_correct_ratio``), ``credit=toolpo_process`` HierR's score and its
-    omission-guarded process score.
+    omission-guarded process score. One difference at a group of one rollout: ``Norm`` gives it
+    ``A_global = 0``, the official code (verl's convention for a singleton: mean 0, std 1) its raw outcome.
 
     Shape:
         tool_score, outcome, group_ids: [B]; response_mask: [B, T].

@@ -78,8 +78,8 @@ def slca_tcpo_advantages(
        normalised by ``normalize`` (default ``turn_mean_std``: ``Norm`` of c within each (group, turn index)
        cell, so a turn is credited against the same turn of the group's other rollouts; ``std``, TCPO's
        default, scales ``c / (std_G c + eps)`` over the group's tool turns without centring, which with
-       ``r0 = 0`` credits every first call its own score: HierR's 0.4 floor for any well-formed call then
-       gives a worse-than-group first call a positive credit); ``w_process`` after scaling, as in SLCA.
+       ``r0 = 0`` credits every first call its own score: HierR's 0.4 floor for a well-formed single call on a
+       one-call step then gives a worse-than-group first call a positive credit); ``w_process`` after scaling, as in SLCA.
     5. ``advantages = tool_mask * A_turn[i, turn_ids] + summary_mask * A_sum`` (0 outside the response mask).
 
     Reduction: with one tool turn per rollout whose score is the rollout's process score and turn credit

@@ -102,8 +102,8 @@ def test_three_tool_turns_table_with_unequal_lengths_and_a_singleton_group(dtype
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_default_centres_the_first_turn_so_a_worse_first_call_is_not_credited_positive(dtype):
     # Why slca_tcpo's default is normalize="turn_mean_std" (docs/methods.md §4). One group of three rollouts,
-    # one tool turn each (then a summary). HierR gives any well-formed call at least 0.4 (format 0.1 +
-    # parallel 0.3, the wrong tool): r0 and r1 call the wrong tool (0.4), r2 the right one, every argument
+    # one tool turn each (then a summary). HierR gives a well-formed single call on a one-call step at least 0.4
+    # (format 0.1 + parallel 0.3, the wrong tool): r0 and r1 call the wrong tool (0.4), r2 the right one, every argument
     # right (1.0). retro_hindsight, r0 = 0, tau = 1:
     #   retro = [r - 0]_+ = [0.4, 0.4, 1.0] (no success before, so no mu / rho term);
     #   hind: H = r (one turn), group mean 0.6 -> [-0.2, -0.2, 0.4];
