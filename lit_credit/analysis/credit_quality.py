@@ -6,12 +6,13 @@ project's own parts (toolcall rows and their tool environment, the HierR reward,
 the DPA pair rewards); every registered credit estimator runs on them as in training. No model, no training.
 
 - ``tool`` (:func:`tool_probes` with ``causal=True``): tool-calling rollouts, a tool turn per gold step (gold,
-  value-, name-corrupted or malformed), then a summary. The truth is a latent no estimator reads: whether each
+  value-, name-corrupted or malformed), then a summary. The truth is a latent the rewards measure: whether each
   call is right (the turn's kind is ``gold``), and the summary's rating, which depends on the calls: a summariser
   of skill ``r`` (1-5) writes a summary of rating ``1 + floor((r - 1) * c + 1/2)`` when a share ``c`` of its calls is
   right (a wrong call never fetched what a good summary reports). Both rewards measure with noise: HierR's
   process score (a partial-credit measure of the calls: a well-formed wrong call keeps a floor) and the judge's
-  rating. Units: ``tool_turn`` (q = the call is right), ``tool`` (q = the share of right calls), ``summary``
+  rating; ToolPO's strict ratio is the truth itself (up to parallel steps) under the same noise, so ToolPO is
+  truth-fed here. Units: ``tool_turn`` (q = the call is right), ``tool`` (q = the share of right calls), ``summary``
   (q = the clean judge's score of the true rating).
 - ``tool_mechanism`` (:func:`tool_probes`, ``causal=False``): the same rollouts as a mechanism check, not a
   contest: the tool units' truth is HierR's clean process score (what SLCA's tool advantage normalises, so SLCA
