@@ -11,42 +11,14 @@ about a minute on 2 CPU cores.
 """
 from __future__ import annotations
 
-import argparse
-import os
-import time
-from pathlib import Path
-
-import torch
-
-from benchmarks.machine import machine, write_results
+from benchmarks.machine import ground_truth_main
 from lit_credit.analysis import credit_quality
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.credit_quality", description=__doc__.split("\n")[0])
-    parser.add_argument("--size", choices=sorted(credit_quality.SIZES), default="full",
-                        help="how many groups each family draws (small: seconds, full: the documented run)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every draw (rows, kinds, noise, actions)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/credit_quality.json"))
-    parser.add_argument("--plot", type=Path, default=Path("docs/experiments/credit_quality.png"),
-                        help="where the figure goes ('' for none)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or torch.get_num_threads())
-
-    start = time.perf_counter()
-    report = credit_quality.run(args.size, args.seed)
-    report["elapsed_s"] = time.perf_counter() - start
-    info = machine()
-    print(f"# credit quality ({args.size}, seed {args.seed}): {info['cpu_model']}, {info['cores']} cores, "
-          f"torch {info['torch']}; {report['elapsed_s']:.1f} s\n")
-    print(credit_quality.markdown(report))
-    write_results(args.out, report)
-    print(f"wrote {args.out}")
-    if str(args.plot):
-        args.plot.parent.mkdir(parents=True, exist_ok=True)
-        credit_quality.plot(report).savefig(args.plot)
-        print(f"wrote {args.plot}")
-    return report
+    return ground_truth_main("credit_quality", credit_quality, __doc__, argv,
+                             "how many groups each family draws (small: seconds, full: the documented run)",
+                             "seed of every draw (rows, kinds, noise, actions)")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """What a benchmark ran on (CPU, cores, memory, load, package versions, git state) and how its results are
 written: ``write_results(path, report)`` stores the report with ``machine()`` under ``"machine"``;
-``in_subprocess(module, *args)`` runs one measurement in a fresh process."""
+``ground_truth_main(...)`` is the command of a model-free benchmark; ``in_subprocess(module, *args)``
+runs one measurement in a fresh process."""
 from __future__ import annotations
 
+import argparse
 import importlib.metadata as metadata
 import json
 import os
@@ -10,6 +12,7 @@ import platform
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,37 @@ def write_results(path: str | os.PathLike[str], report: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"machine": machine(), **report}, indent=1) + "\n")
     return path
+
+
+def ground_truth_main(name: str, module: Any, doc: str, argv: list[str] | None, size_help: str, seed_help: str,
+                      **run_kwargs: Any) -> dict[str, Any]:
+    """The command of a model-free benchmark ``module`` (``lit_credit.analysis.<name>``, with ``SIZES``, ``run``,
+    ``markdown``, ``plot``): ``--size``, ``--seed``, ``--out`` (default ``benchmarks/results/<name>.json``),
+    ``--plot`` (default ``docs/experiments/<name>.png``; ``''`` for none); torch's threads from
+    ``OMP_NUM_THREADS``. Prints a header (the machine, the threads, the elapsed time) and ``module.markdown``,
+    writes the report (:func:`write_results`) and the figure; returns the report."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=doc.split("\n")[0])
+    parser.add_argument("--size", choices=sorted(module.SIZES), default="full", help=size_help)
+    parser.add_argument("--seed", type=int, default=0, help=seed_help)
+    parser.add_argument("--out", type=Path, default=Path(f"benchmarks/results/{name}.json"))
+    parser.add_argument("--plot", type=Path, default=Path(f"docs/experiments/{name}.png"),
+                        help="where the figure goes ('' for none)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or torch.get_num_threads())
+    start = time.perf_counter()
+    report = module.run(args.size, args.seed, **run_kwargs)
+    report["elapsed_s"] = time.perf_counter() - start
+    info = machine()
+    print(f"# {name.replace('_', ' ')} ({args.size}, seed {args.seed}): {info['cpu_model']}, {info['cores']} "
+          f"cores, torch {info['torch']}, {torch.get_num_threads()} thread(s); {report['elapsed_s']:.1f} s\n")
+    print(module.markdown(report))
+    write_results(args.out, report)
+    print(f"wrote {args.out}")
+    if args.plot.name:  # --plot '' is Path("."), which has no name
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        module.plot(report).savefig(args.plot)
+        print(f"wrote {args.plot}")
+    return report
 
 
 def in_subprocess(module: str, *args: str) -> dict[str, Any]:
