@@ -13,6 +13,7 @@ a forgotten case) used for the revision demonstrations.
 """
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -22,7 +23,7 @@ from typing import Any
 
 import datasets
 
-from lit_credit.tasks.base import Task
+from lit_credit.tasks.base import Task, heldout_split
 from lit_credit.tasks.revise import RevisionEnvironment, Verdict, check_stop_on_success
 from lit_credit.tasks.sandbox import SandboxResult, run_sandboxed, run_trusted
 
@@ -183,6 +184,13 @@ def make_problem(name: str, params: Sequence[Any]) -> Problem:
     return Problem(pid, name, statement, _fn(name, arg, solution), _fn(name, arg, bug), _asserts(name, cases))
 
 
+def content_key(row: dict[str, Any]) -> str:
+    """A row's content key: its gold solution (the function's name, argument and body, which carry the
+    template and every parameter), so two rows are one problem exactly when they ask for the same program.
+    The statement's wording and the test inputs (seeded by the id) are not part of it."""
+    return row["solution"]
+
+
 def draw_problems(rng: random.Random) -> Iterator[Problem]:
     """Endless draws: a uniform template, then uniform parameters (repeats possible)."""
     names = sorted(TEMPLATES)
@@ -243,8 +251,9 @@ def gold_reply(source: str) -> str:
 class CodeReviseTask(Task):
     """Small Python functions written over up to ``max_turns`` turns against a sandboxed test verifier.
 
-    Problems come from :data:`TEMPLATES` (:data:`SPACE` distinct ones); train and test are disjoint and
-    deterministic in ``seed``. Rows: ``prompt``, ``tests`` (assert statements), ``entry_point``, ``solution``,
+    Problems come from :data:`TEMPLATES` (:data:`SPACE` distinct ones); train and test are disjoint in content
+    (:func:`content_key`, the gold program: :func:`~lit_credit.tasks.base.heldout_split`) and deterministic in
+    ``seed``. Rows: ``prompt``, ``tests`` (assert statements), ``entry_point``, ``solution``,
     ``id``. Each verification runs one subprocess limited to ``timeout_s`` seconds and ``memory_mb`` MiB.
 
     Demonstrations (never on test problems): a share ``revise_frac`` (when ``max_turns > 1``) first answers
@@ -279,14 +288,11 @@ class CodeReviseTask(Task):
         if split not in ("train", "test"):
             raise ValueError(f"split={split!r}: use 'train' or 'test'")
         if not self._splits:
-            seen: dict[str, Problem] = {}
-            for problem in draw_problems(random.Random(self.seed)):
-                seen.setdefault(problem.id, problem)
-                if len(seen) == self.num_test + self.num_train:
-                    break
-            rows = [p.row() for p in seen.values()]
-            self._splits = {"test": datasets.Dataset.from_list(rows[: self.num_test]),
-                            "train": datasets.Dataset.from_list(rows[self.num_test:])}
+            # every problem has a positive chance and the counts fit SPACE (checked above): no miss budget
+            rows = (p.row() for p in draw_problems(random.Random(self.seed)))
+            splits = heldout_split(rows, content_key, self.num_train, self.num_test, fix="lower the counts",
+                                   distinct=content_key, max_misses=math.inf)
+            self._splits = {k: datasets.Dataset.from_list(v) for k, v in splits.items()}
         return self._splits[split]
 
     def environment(self) -> RevisionEnvironment:
@@ -294,12 +300,12 @@ class CodeReviseTask(Task):
         return RevisionEnvironment(verifier, max_turns=self.max_turns, stop_on_success=self.stop_on_success)
 
     def demonstrations(self, num: int, seed: int) -> Iterable[dict[str, Any]]:
-        held_out = set(self.dataset("test")["id"])
+        held_out = {content_key(row) for row in self.dataset("test")}
         rng, made = random.Random(f"demo:{self.seed}:{seed}"), 0
         for problem in draw_problems(random.Random(f"demo-rows:{self.seed}:{seed}")):
             if made == num:
                 return
-            if problem.id in held_out:
+            if problem.solution in held_out:  # content_key(problem.row())
                 continue
             messages = list(problem.row()["prompt"])
             if self.max_turns > 1 and rng.random() < self.revise_frac:

@@ -19,6 +19,7 @@ TY2024 cases the engine can represent (:func:`~lit_credit.tasks.form1040.load_ta
 """
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -27,7 +28,7 @@ from typing import Any
 
 import datasets
 
-from lit_credit.tasks.base import Task
+from lit_credit.tasks.base import Task, disjoint_train, heldout_split
 from lit_credit.tasks.form1040 import (
     EVALUATED_LINES,
     TaxInput,
@@ -94,6 +95,24 @@ def line_rows(case_id: str, inp: TaxInput, gold: dict[str, int], lines: tuple[st
 
 def _inputs(inp: TaxInput) -> dict[str, Any]:
     return {k: (list(map(list, v)) if k == "w2s" else v) for k, v in vars(inp).items()}
+
+
+def case_key(inputs: dict[str, Any]) -> str:
+    """The content key of a case's inputs (a row's ``case`` decoded, or :func:`_inputs`): every field, numbers
+    as floats (``52300`` and ``52300.0`` are one amount), the W-2s sorted (their order changes no line), as
+    sorted-key JSON. The case id and the rendering are not part of it."""
+    def num(v: Any) -> Any:
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+    canon = {k: num(v) for k, v in inputs.items() if k != "w2s"}
+    canon["w2s"] = sorted([num(w), num(h)] for w, h in inputs.get("w2s", ()))
+    return json.dumps(canon, sort_keys=True)
+
+
+def content_key(row: dict[str, Any]) -> str:
+    """A row's content key: :func:`case_key` of its ``case``. Every line of one case shares it (the context of
+    a later line shows the gold values of the earlier ones), so a case is held out whole."""
+    return case_key(json.loads(row["case"]))
 
 
 def action_text(line: str, decision: str) -> str:
@@ -192,7 +211,8 @@ class FormTask(Task):
     """Form 1040 line decisions for DPA-GRPO and its generator-only baselines.
 
     Train rows: ``num_train`` synthetic cases (:func:`~lit_credit.tasks.form1040.generate_case`, difficulty
-    drawn from ``difficulties``) x ``lines``; test rows: ``num_test`` other cases, or, with ``taxcalcbench_dir``
+    drawn from ``difficulties``) x ``lines``; test rows: ``num_test`` other cases (the splits are disjoint in
+    content: no train case has a test case's inputs, :func:`content_key`), or, with ``taxcalcbench_dir``
     (a tax-calc-bench checkout or its ``tax_calc_bench/ty24/test_data``), every TY2024 case the engine can
     represent x ``lines``, gold from the case's ``output.xml`` (:func:`load_taxcalcbench`: the other cases
     are skipped with a logged reason; the report is kept as ``self.taxcalcbench``; no readable case is an
@@ -236,27 +256,48 @@ class FormTask(Task):
         self.num_train, self.num_test, self.seed = num_train, num_test, seed
         self.taxcalcbench_dir, self.role_mix, self.wrong_frac = taxcalcbench_dir, mix, wrong_frac
         self._cache: dict[str, datasets.Dataset] = {}
+        self._case_splits: dict[str, list[tuple[str, TaxInput, dict[str, int]]]] = {}
+
+    def _bench_cases(self) -> list[tuple[str, TaxInput, dict[str, int]]]:
+        try:
+            self.taxcalcbench = load_taxcalcbench(self.taxcalcbench_dir)  # cases + skip report (logged)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"task.taxcalcbench_dir={self.taxcalcbench_dir!r}: {e}") from e
+        if not self.taxcalcbench.cases:
+            raise ValueError(
+                f"task.taxcalcbench_dir={self.taxcalcbench_dir!r}: no case could be read.\n"
+                f"{self.taxcalcbench.summary()}\nFix: point it at a tax-calc-bench checkout (or its "
+                f"tax_calc_bench/ty24/test_data), or set task.taxcalcbench_dir=null for synthetic test cases."
+            )
+        return self.taxcalcbench.cases
+
+    def _draws(self, split: str) -> Iterator[dict[str, Any]]:
+        """Endless synthetic cases of ``split``'s seeded stream: ``{"id": draw index, "inp", "key"}``."""
+        rng = random.Random(f"form-{self.seed}-{split}")
+        for i in itertools.count():
+            inp = generate_case(rng, rng.choice(self.difficulties))
+            yield {"id": i, "inp": inp, "key": case_key(_inputs(inp))}
 
     def _cases(self, split: str) -> list[tuple[str, TaxInput, dict[str, int]]]:
-        if split == "test" and self.taxcalcbench_dir:
-            try:
-                self.taxcalcbench = load_taxcalcbench(self.taxcalcbench_dir)  # cases + skip report (logged)
-            except FileNotFoundError as e:
-                raise FileNotFoundError(f"task.taxcalcbench_dir={self.taxcalcbench_dir!r}: {e}") from e
-            if not self.taxcalcbench.cases:
-                raise ValueError(
-                    f"task.taxcalcbench_dir={self.taxcalcbench_dir!r}: no case could be read.\n"
-                    f"{self.taxcalcbench.summary()}\nFix: point it at a tax-calc-bench checkout (or its "
-                    f"tax_calc_bench/ty24/test_data), or set task.taxcalcbench_dir=null for synthetic test cases."
-                )
-            return self.taxcalcbench.cases
-        rng = random.Random(f"form-{self.seed}-{split}")
-        count = self.num_train if split == "train" else self.num_test
-        cases = []
-        for i in range(count):
-            inp = generate_case(rng, rng.choice(self.difficulties))
-            cases.append((f"{split}{i}", inp, compute_1040(inp)))
-        return cases
+        """The cases of ``split``, disjoint in content (:func:`case_key`, the inputs) across the splits: the
+        test cases are the first ``num_test`` distinct ones of the test stream (or the TaxCalcBench cases), the
+        train cases the first ``num_train`` of the train stream whose inputs are no test case's."""
+        if not self._case_splits:
+            fix = "lower task.num_train / task.num_test or add difficulties to task.difficulties"
+            if self.taxcalcbench_dir:
+                test = self._bench_cases()
+                train = disjoint_train(self._draws("train"), lambda c: c["key"],
+                                       {case_key(_inputs(inp)) for _, inp, _ in test}, self.num_train, fix=fix)
+                self._case_splits = {"test": test, "train": self._numbered("train", train)}
+            else:
+                split_draws = heldout_split(self._draws("test"), lambda c: c["key"], self.num_train, self.num_test,
+                                            fix=fix, train_draws=self._draws("train"))
+                self._case_splits = {s: self._numbered(s, c) for s, c in split_draws.items()}
+        return self._case_splits[split]
+
+    @staticmethod
+    def _numbered(split: str, draws: list[dict[str, Any]]) -> list[tuple[str, TaxInput, dict[str, int]]]:
+        return [(f"{split}{i}", c["inp"], compute_1040(c["inp"])) for i, c in enumerate(draws)]
 
     def _rows(self, split: str, lines: Sequence[str]) -> list[dict[str, Any]]:
         rows = [r for cid, inp, gold in self._cases(split) for r in line_rows(cid, inp, gold, tuple(lines))]

@@ -9,13 +9,14 @@ final turn decides (see :mod:`lit_credit.tasks.revise`).
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import datasets
 
 from lit_credit.rewards.math_answer import extract_answer, load_math_jsonl, math_score
-from lit_credit.tasks.base import Task
+from lit_credit.tasks.base import Task, disjoint_train, heldout_split
 from lit_credit.tasks.revise import RevisionEnvironment, Verdict, check_stop_on_success
 
 NAMES = ("Ana", "Ben", "Chloe", "Dev", "Eun", "Femi", "Gus", "Hana")
@@ -31,6 +32,29 @@ WORD = (
 ARITH = (("What is {a} + {b} - {c}?", lambda a, b, c: a + b - c),
          ("What is {a} * {b} + {c}?", lambda a, b, c: a * b + c),
          ("What is {a} + {b} * {c}?", lambda a, b, c: a + b * c))
+# The surface words a WORD template varies: a name, an item word (whole words only).
+_SURFACE = re.compile(r"\b(?:(?P<n>" + "|".join(NAMES) + r")|(?P<i>" + "|".join(ITEMS) + r"))\b")
+
+
+def surface_free(question: str) -> str:
+    """``question`` with every name of :data:`NAMES` and item word of :data:`ITEMS` replaced by ``{n}`` /
+    ``{i}``: its template with the operands filled in (``"Ana has 3 pens and gets 4 more. ..."`` and ``"Ben
+    has 3 coins and gets 4 more. ..."`` are both ``"{n} has 3 {i} and gets 4 more. ..."``)."""
+    return _SURFACE.sub(lambda m: "{n}" if m.group("n") else "{i}", question)
+
+
+def content_key(row: dict[str, Any]) -> str:
+    """A synthetic row's content key: :func:`surface_free` of its question (template + operands). Two
+    templates that compute the same expression stay two problems (a word problem is not the bare sum)."""
+    return surface_free(row["prompt"][-1]["content"])
+
+
+def text_key(row: dict[str, Any]) -> str:
+    """A JSONL row's content key: its question, case-folded, whitespace collapsed (real problems have no
+    template to strip, so only exact repeats are one problem)."""
+    return " ".join(row["prompt"][-1]["content"].casefold().split())
+
+
 CORRECT = "Your answer is correct."  # the verifier's neutral reply to a right answer (shown when the episode goes on)
 
 
@@ -62,12 +86,14 @@ class MathReviseTask(Task):
 
     Synthetic mode (default): word problems (:data:`WORD`) and two-operation arithmetic (:data:`ARITH`) with
     operands in [1, ``max_operand``], non-negative integer answers; ``kinds`` picks ``word``, ``arith`` or
-    both. Train and test are disjoint, deterministic in ``seed``. Rows: ``prompt``, ``answer`` (str), ``id``,
-    ``kind``.
+    both. Train and test are disjoint in content (:func:`~lit_credit.tasks.base.heldout_split` on
+    :func:`content_key`: no training problem has a held-out problem's template and operands under other names
+    or items), deterministic in ``seed``. Rows: ``prompt``, ``answer`` (str), ``id``, ``kind``.
 
     JSONL mode (``jsonl_path``, e.g. MATH-500): rows from
     :func:`~lit_credit.rewards.math_answer.load_math_jsonl`; the test split is ``test_jsonl_path`` or the
-    first ``num_test`` rows of a seeded shuffle. Only their final answers are known, so demonstrations are
+    first ``num_test`` rows of a seeded shuffle; a training row that repeats a held-out problem
+    (:func:`text_key`) is dropped. Only their final answers are known, so demonstrations are
     ``\\boxed{answer}`` replies (single-turn, or kept to ``max_turns`` turns without ``stop_on_success``).
 
     Demonstrations (synthetic): a share ``revise_frac`` first answers wrongly (off by 1-3), sees the
@@ -114,29 +140,21 @@ class MathReviseTask(Task):
                    "kind": kind}
 
     def _synthetic(self) -> dict[str, list[dict[str, Any]]]:
-        seen: dict[str, dict[str, Any]] = {}
-        misses = 0
-        for row in self._draws(random.Random(self.seed)):
-            if row["id"] in seen:
-                misses += 1
-                if misses > 10_000 + 10 * (self.num_train + self.num_test):
-                    raise ValueError(f"task.num_train + task.num_test = {self.num_train + self.num_test}: only "
-                                     f"{len(seen)} distinct problems; raise task.max_operand or lower the counts")
-                continue
-            seen[row["id"]] = row
-            if len(seen) == self.num_test + self.num_train:
-                break
-        rows = list(seen.values())
-        return {"test": rows[: self.num_test], "train": rows[self.num_test:]}
+        return heldout_split(self._draws(random.Random(self.seed)), content_key, self.num_train, self.num_test)
 
     def _jsonl(self) -> dict[str, list[dict[str, Any]]]:
         rows = load_math_jsonl(self.jsonl_path)
         if self.test_jsonl_path is not None:
-            return {"train": rows[: self.num_train], "test": load_math_jsonl(self.test_jsonl_path)[: self.num_test]}
-        if self.num_test >= len(rows):
-            raise ValueError(f"task.num_test={self.num_test}: {self.jsonl_path} holds only {len(rows)} problems")
-        random.Random(self.seed).shuffle(rows)
-        return {"test": rows[: self.num_test], "train": rows[self.num_test:][: self.num_train]}
+            test = load_math_jsonl(self.test_jsonl_path)[: self.num_test]
+        else:
+            if self.num_test >= len(rows):
+                raise ValueError(f"task.num_test={self.num_test}: {self.jsonl_path} holds only {len(rows)} problems")
+            random.Random(self.seed).shuffle(rows)
+            test, rows = rows[: self.num_test], rows[self.num_test:]
+        # a training problem that repeats a held-out one (text_key) is dropped
+        train = disjoint_train(rows, text_key, {text_key(r) for r in test}, None,
+                               distinct=lambda r: id(r))  # every row of the file counts, as before
+        return {"test": test, "train": train[: self.num_train]}
 
     # ------------------------------------------------------------------ Task API
     def dataset(self, split: str) -> datasets.Dataset:
@@ -158,7 +176,7 @@ class MathReviseTask(Task):
         return messages + ([] if self.stop_on_success else repeat * (self.max_turns - turns))
 
     def demonstrations(self, num: int, seed: int) -> Iterable[dict[str, Any]]:
-        held_out = set(self.dataset("test")["id"])
+        held_out = {content_key(row) for row in self.dataset("test")}
         if self.jsonl_path is not None:
             rows = list(self.dataset("train"))
             for i in range(num):
@@ -168,7 +186,7 @@ class MathReviseTask(Task):
             return
         rng, made = random.Random(f"demo:{self.seed}:{seed}"), 0
         for row in self._draws(random.Random(f"demo-rows:{self.seed}:{seed}")):
-            if row["id"] in held_out:
+            if content_key(row) in held_out:
                 continue
             messages = list(row["prompt"])
             if self.max_turns > 1 and rng.random() < self.revise_frac:

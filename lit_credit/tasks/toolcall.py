@@ -31,7 +31,7 @@ import datasets
 
 from lit_credit.backends import BackendFailure, Retry
 from lit_credit.rewards.hierr import CLOSE, OPEN, ToolCallBlock, normalize_gold_calls, parse_tool_calls
-from lit_credit.tasks.base import Environment, Feedback, Task
+from lit_credit.tasks.base import Environment, Feedback, Task, disjoint_train, heldout_split
 from lit_credit.tasks.tool_catalog import (
     CATALOG_VERSION,
     HANDLERS,
@@ -42,6 +42,7 @@ from lit_credit.tasks.tool_catalog import (
     TOOLS_INSTRUCTION,
     VOCAB,
     Template,
+    _canon,
     call_hash,
     dumps,
     fact,
@@ -531,6 +532,27 @@ def _single_tool(template_id: str) -> str | None:
     return t.gold(dict(zip((n for n, _ in t.slots), values)), lambda c: {})[0][0]["name"]
 
 
+def content_key(row: Mapping[str, Any]) -> str:
+    """A row's content key: what the policy must call, as the reward scores it. With gold calls, the steps in
+    order (multi-step turns are scored step by step), each step's calls as a sorted list (the calls of one
+    parallel step are matched in any order), each call its name and canonical arguments (sorted keys; strings
+    trimmed and case-folded, numbers as floats: :func:`~lit_credit.rewards.hierr.loose_equal` matches them so).
+    So two phrasings of one request (``What's the weather in Paris on ...`` / ``Will it rain in Paris on
+    ...``) are one key, and so are ``A and B`` / ``B and A`` in a parallel question. Without gold calls (the
+    irrelevant subset: the direct answer is the content) the question itself, case-folded and
+    whitespace-collapsed."""
+    gold = normalize_gold_calls(row["gold_tool_calls"])
+    if gold:
+        return dumps(["calls", [sorted(json.dumps([c["name"], _canon(c["arguments"])], sort_keys=True,
+                                                  ensure_ascii=False) for c in step) for step in gold]])
+    return dumps(["direct", " ".join(str(row["question"]).casefold().split())])
+
+
+def question_key(row: Mapping[str, Any]) -> str:
+    """A parquet row's repeat key: its question, case-folded, whitespace collapsed."""
+    return " ".join(str(row["question"]).casefold().split())
+
+
 def _demonstrable(row: Mapping[str, Any]) -> bool:
     """Gold calls exist and each fits its schema (flat gold, names without arguments, would teach errors)."""
     gold = normalize_gold_calls(row["gold_tool_calls"])
@@ -551,11 +573,13 @@ class ToolCallTask(Task):
     None (:data:`DEFAULT_SUBSETS`), names (equal weights; a list or a comma-separated string) or
     ``{name: weight}``; each split holds exactly the apportioned count per subset (:func:`apportion`).
     A prompt offers the gold tools plus ``randint(1, max_distractors)`` distractors (irrelevant: 1 to
-    ``max(1, max_distractors)`` random tools), shuffled. An instance is a (template, values) key; the test
-    split is the first ``num_test`` distinct keys of a seeded draw per subset and train the next
-    ``num_train``, so the splits are disjoint, the test split does not depend on ``num_train``, and
-    everything is a function of ``seed``. Demonstrations skip test keys, and with ``disjoint_demonstrations``
-    the train keys too: the RL prompts are then as new to an SFT start as the held-out ones (with a small
+    ``max(1, max_distractors)`` random tools), shuffled. An instance is a (template, values) key, its content
+    the gold calls (:func:`content_key`: two phrasings of one call, or two orders of one parallel step, are one
+    content); the test split is the first ``num_test`` distinct contents of a seeded draw per subset and train
+    the next ``num_train`` distinct instances whose content is none of those
+    (:func:`~lit_credit.tasks.base.heldout_split`), so the splits are disjoint in content, the test split does
+    not depend on ``num_train``, and everything is a function of ``seed``. Demonstrations skip test contents,
+    and with ``disjoint_demonstrations`` the train contents too: the RL prompts are then as new to an SFT start as the held-out ones (with a small
     ``values_per_slot`` an SFT start otherwise memorises the train questions and RL has nothing left there).
     ``wrong_tool_demonstrations=p`` makes the demonstrator noisy: a fraction p of the demonstrations of
     questions with gold calls and a distractor in the prompt (irrelevant ones never; synthetic mode only) call
@@ -565,7 +589,10 @@ class ToolCallTask(Task):
 
     Parquet mode (``parquet_path``): rows from :func:`load_toucan_parquet`; an explicit ``subsets`` keeps
     the rows whose ``subset`` is named (weights ignored). The test split is ``test_parquet_path`` if given,
-    else ``num_test`` rows drawn with ``seed``; ``num_train`` caps the train rows (None: all).
+    else ``num_test`` rows drawn with ``seed``; ``num_train`` caps the train rows (None: all). The row split is
+    kept as drawn (the rows are real requests, whose gold calls are not a template's: flat-gold rows carry tool
+    names only, so a call key would merge different requests); only a train row whose question repeats a test
+    row's (case-folded, whitespace collapsed) is dropped.
     Demonstrations are built from the train rows whose gold calls fit their schemas (simulator responses,
     one fact per call); flat-gold rows (names only) and irrelevant rows (no direct answer known) are skipped.
 
@@ -618,7 +645,10 @@ class ToolCallTask(Task):
         self.simulator = simulator if simulator is not None else ToolSimulator()
         self._gold_sim = ToolSimulator()  # gold plans always come from the deterministic simulator
         self._splits: dict[str, datasets.Dataset] = {}
-        self._unseen_keys: set[Key] = set()  # keys no demonstration may use
+        self._unseen: set[str] = set()  # content keys no demonstration may use
+        self._unseen_per_subset: Counter[str] = Counter()  # how many of them each subset has
+        self._contents: dict[Key, str] = {}  # content_key of each (template, values) instance, memoised
+        self._content_counts: dict[str, Counter[str]] = {}  # per subset: content key -> #instances
         if values_per_slot is not None and self.weights is not None:
             for t in (t for t in TEMPLATES if t.subset in self.weights):
                 vocab, need = Counter(v for _, v in t.slots).most_common(1)[0] if t.slots else ("", 0)
@@ -644,19 +674,58 @@ class ToolCallTask(Task):
                              for v, k in Counter(v for _, v in t.slots).items())
                    for t in TEMPLATES if t.subset == subset)
 
-    def _distinct(self, subset: str, rng: random.Random, count: int) -> list[Key]:
-        """The first ``count`` distinct keys of the seeded draw (terminates: every key has a positive chance)."""
+    def content(self, key: Key) -> str:
+        """:func:`content_key` of the row of the (template id, values) instance ``key`` (memoised)."""
+        if key not in self._contents:
+            t, v = self._template_values(key)
+            gold = t.gold(v, lambda c: json.loads(self._gold_sim.respond(c))) if t.gold is not None else []
+            self._contents[key] = content_key({"gold_tool_calls": gold, "question": t.question(v)})
+        return self._contents[key]
+
+    def content_counts(self, subset: str) -> Counter[str]:
+        """Per content key of a synthetic subset, the number of its (template, values) instances (its
+        phrasings); built once by enumerating every valid instance."""
+        if subset not in self._content_counts:
+            self._content_counts[subset] = Counter(
+                self.content((t.id, values)) for t in TEMPLATES if t.subset == subset
+                for values in itertools.product(*(VOCAB[v][: self.values_per_slot] for _, v in t.slots))
+                if t.valid(values))
+        return self._content_counts[subset]
+
+    def num_contents(self, subset: str) -> int:
+        """The distinct content keys of a synthetic subset (at most :meth:`num_questions`: phrasings of one
+        call and orders of one parallel step count once)."""
+        return len(self.content_counts(subset))
+
+    def _subset_split(self, subset: str, num_test: int, num_train: int) -> dict[str, list[Key]]:
+        """The subset's split (:func:`~lit_credit.tasks.base.heldout_split` on :meth:`content`): the first
+        ``num_test`` distinct content keys of its seeded draw, then the first ``num_train`` distinct instances
+        that carry none of them. Both counts are checked against the subset's space before drawing (every
+        instance has a positive chance, so the draw ends)."""
         available = self.num_questions(subset)
-        if count > available:
-            raise ValueError(f"task.num_train + task.num_test: the {subset!r} subset is asked for {count} distinct "
-                             f"questions and has {available} (task.values_per_slot={self.values_per_slot}); lower "
-                             "the counts or the subset's weight in task.subsets, or raise task.values_per_slot")
-        seen: dict[Key, None] = {}
-        for key in self._draws(subset, rng):
-            if len(seen) >= count:
-                break
-            seen[key] = None
-        return list(seen)
+        if num_test + num_train > available:
+            raise ValueError(f"task.num_train + task.num_test: the {subset!r} subset is asked for "
+                             f"{num_test + num_train} distinct questions and has {available} "
+                             f"(task.values_per_slot={self.values_per_slot}); lower the counts or the subset's "
+                             "weight in task.subsets, or raise task.values_per_slot")
+        contents = self.content_counts(subset)
+        fix = ("lower task.num_test / task.num_train or the subset's weight in task.subsets, or raise "
+               "task.values_per_slot")
+        if num_test > len(contents):
+            raise ValueError(f"task.num_test: the {subset!r} subset is asked for {num_test} held-out questions and "
+                             f"has {len(contents)} distinct in content (phrasings of one call count once; "
+                             f"task.values_per_slot={self.values_per_slot}); {fix}")
+        draws = ({"id": key} for key in self._draws(subset, random.Random(f"{self.seed}:{subset}")))
+        key = lambda r: self.content(r["id"])  # noqa: E731
+        test = heldout_split(draws, key, 0, num_test, max_misses=math.inf)["test"]
+        held = {key(r) for r in test}
+        free = available - sum(contents[k] for k in held)
+        if num_train > free:
+            raise ValueError(f"task.num_train: the {subset!r} subset is asked for {num_train} training questions, "
+                             f"and {free} of its {available} questions are off the content of its {num_test} "
+                             f"held-out ones (task.values_per_slot={self.values_per_slot}); {fix}")
+        train = disjoint_train(draws, key, held, num_train, max_misses=math.inf)
+        return {"test": [r["id"] for r in test], "train": [r["id"] for r in train]}
 
     def _template_values(self, key: Key) -> tuple[Template, dict[str, Any]]:
         t = TEMPLATES_BY_ID[key[0]]
@@ -680,9 +749,9 @@ class ToolCallTask(Task):
         n_test, n_train = apportion(self.num_test, self.weights), apportion(self.num_train, self.weights)
         splits: dict[str, list[Key]] = {"train": [], "test": []}
         for subset in self.weights:
-            keys = self._distinct(subset, random.Random(f"{self.seed}:{subset}"), n_test[subset] + n_train[subset])
-            splits["test"] += keys[: n_test[subset]]
-            splits["train"] += keys[n_test[subset]:]
+            keys = self._subset_split(subset, n_test[subset], n_train[subset])
+            splits["test"] += keys["test"]
+            splits["train"] += keys["train"]
         for split, keys in splits.items():
             random.Random(f"{self.seed}:order:{split}").shuffle(keys)
         return splits
@@ -704,6 +773,8 @@ class ToolCallTask(Task):
             held = set(order[: self.num_test])
             test = [r for i, r in enumerate(rows) if i in held]
             train = [r for i, r in enumerate(rows) if i not in held]
+        # a train row that repeats a held-out question is dropped (every other row counts, as drawn)
+        train = disjoint_train(train, question_key, {question_key(r) for r in test}, None, distinct=lambda r: id(r))
         if self.num_train is not None:
             train = train[: self.num_train]
         return {"train": datasets.Dataset.from_list(train), "test": datasets.Dataset.from_list(test)}
@@ -717,7 +788,10 @@ class ToolCallTask(Task):
                 self._splits = self._parquet_splits()
             else:
                 keys = self._synthetic_splits()
-                self._unseen_keys = set(keys["test"]) | (set(keys["train"]) if self.disjoint_demonstrations else set())
+                unseen = {(TEMPLATES_BY_ID[k[0]].subset, self.content(k))
+                          for k in keys["test"] + (keys["train"] if self.disjoint_demonstrations else [])}
+                self._unseen = {c for _, c in unseen}
+                self._unseen_per_subset = Counter(subset for subset, _ in unseen)
                 self._splits = {s: datasets.Dataset.from_list([self.synthetic_row(k) for k in ks])
                                 for s, ks in keys.items()}
         return self._splits[split]
@@ -741,9 +815,8 @@ class ToolCallTask(Task):
                 yield row, gold_conversation(row, self._gold_sim, self.max_response_chars)
             return
         assert self.weights is not None
-        unseen = Counter(TEMPLATES_BY_ID[k[0]].subset for k in self._unseen_keys)
         for subset, weight in self.weights.items():
-            if weight > 0 and unseen[subset] >= self.num_questions(subset):
+            if weight > 0 and self._unseen_per_subset[subset] >= self.num_contents(subset):
                 raise ValueError(
                     f"demonstrations: every question of the {subset!r} subset is in the test split"
                     f"{' or the train split (task.disjoint_demonstrations=true)' if self.disjoint_demonstrations else ''}"
@@ -756,7 +829,7 @@ class ToolCallTask(Task):
         made = 0
         while made < num:
             key = next(draws[rng.choices(names, weights)[0]])
-            if key in self._unseen_keys:
+            if self.content(key) in self._unseen:
                 continue
             t, v = self._template_values(key)
             row = self.synthetic_row(key)
@@ -781,7 +854,7 @@ class ToolCallTask(Task):
         k = rng.randrange(len(gold)) if len(gold) > 1 else 0
         tool = rng.choice(distractors)
         for tries, key in enumerate(self._draws("single", rng), 1):
-            if key not in self._unseen_keys and _single_tool(key[0]) == tool:
+            if _single_tool(key[0]) == tool and self.content(key) not in self._unseen:
                 break
             if tries == 10_000 and not self._has_demonstrable_single(tool):
                 raise ValueError(f"task.wrong_tool_demonstrations: every single question of the distractor tool "
@@ -796,7 +869,7 @@ class ToolCallTask(Task):
         for t in TEMPLATES:
             if t.subset == "single" and _single_tool(t.id) == tool:
                 for values in itertools.product(*(VOCAB[v][: self.values_per_slot] for _, v in t.slots)):
-                    if t.valid(values) and (t.id, values) not in self._unseen_keys:
+                    if t.valid(values) and self.content((t.id, values)) not in self._unseen:
                         return True
         return False
 

@@ -9,7 +9,8 @@ from lit_credit.tasks import ArithTask
 def test_splits_are_disjoint_deterministic_and_correct():
     task = ArithTask(max_operand=9, num_test=20, ops="+-*")
     train, test = task.dataset("train"), task.dataset("test")
-    assert len(test) == 20 and len(train) == 300 - 20  # 10 * 10 * 3 distinct problems
+    # 10 * 10 ordered pairs for -, 10 * 11 / 2 unordered ones for + and * (a + b is b + a): 210 problems
+    assert len(test) == 20 and len(train) == 210 - 20
     assert not set(train["id"]) & set(test["id"])
     assert ArithTask(max_operand=9, num_test=20, ops="+-*").dataset("test")["id"] == test["id"]
     for row in test:

@@ -22,6 +22,7 @@ from lit_credit.tasks.toolcall import (
     ToolEnvironment,
     ToolSimulator,
     apportion,
+    content_key,
     gold_conversation,
     load_toucan_parquet,
     tool_call_text,
@@ -85,15 +86,16 @@ def test_values_per_slot_draws_each_slot_from_its_vocabulary_head():
     """values_per_slot=4: every slot value of every question (splits and demonstrations) is among its
     vocabulary's first 4, and the gold calls carry them; the 17 single templates then hold 276 distinct
     questions (e.g. weather: 4 cities x 4 dates = 16; convert: 4 amounts x 4 x 3 ordered currency pairs = 48),
-    and asking for more names both counts before drawing anything."""
-    task = ToolCallTask(num_train=200, num_test=60, subsets="single", values_per_slot=4)
+    and asking for more names both counts before drawing anything. (150 train: the 60 held-out contents
+    cover more than 60 of the 276 questions, their other phrasings, which train may not use.)"""
+    task = ToolCallTask(num_train=150, num_test=60, subsets="single", values_per_slot=4)
     by_id = {t.id: t for t in TEMPLATES}
     rows = task.dataset("train").to_list() + task.dataset("test").to_list()
     for row in rows:
         template_id, values = row["id"].split(":", 1)
         for (_, vocab), value in zip(by_id[template_id].slots, values.split("|")):
             assert value in {str(v) for v in VOCAB[vocab][:4]}, (row["id"], vocab)
-    assert len({r["id"] for r in rows}) == 260
+    assert len({r["id"] for r in rows}) == 210
     cities = {c["arguments"]["city"] for r in rows for step in normalize_gold_calls(r["gold_tool_calls"]) for c in step
               if "city" in c["arguments"]}
     assert cities == set(VOCAB["city"][:4])
@@ -107,15 +109,18 @@ def test_values_per_slot_draws_each_slot_from_its_vocabulary_head():
 def test_num_questions_counts_every_valid_key(k):
     """num_questions(subset) is the number of distinct valid (template, values) keys, counted here by brute
     force over every value tuple of the first k values per slot (slots of one vocabulary distinct); with
-    exactly that many questions asked, the draw returns all of them."""
+    exactly num_contents (phrasings of one call counted once: weather / weather_rain, convert / convert_q) held
+    out, the test split holds every content once."""
     task = ToolCallTask(num_train=0, num_test=0, subsets=["single", "chain"], values_per_slot=k)
     for subset in ("single", "chain"):
         brute = {(t.id, vs) for t in TEMPLATES if t.subset == subset
                  for vs in itertools.product(*(VOCAB[v][:k] for _, v in t.slots)) if t.valid(vs)}
         assert task.num_questions(subset) == len(brute)
     assert task.num_questions("single") == {2: 52, 3: 138, 4: 276}[k]
-    full = ToolCallTask(num_train=0, num_test=task.num_questions("single"), subsets="single", values_per_slot=k)
-    assert len(set(full.dataset("test")["id"])) == task.num_questions("single")
+    # minus the k*k weather_rain and k*k*(k-1) convert_q questions, which repeat a weather / convert call
+    assert task.num_contents("single") == {2: 52 - 4 - 4, 3: 138 - 9 - 18, 4: 276 - 16 - 48}[k]
+    full = ToolCallTask(num_train=0, num_test=task.num_contents("single"), subsets="single", values_per_slot=k)
+    assert len({content_key(r) for r in full.dataset("test")}) == task.num_contents("single")
 
 
 @pytest.mark.parametrize("value, match", [(2, "'rate2' template of the 'parallel' subset needs 3 distinct"),
@@ -127,10 +132,13 @@ def test_values_per_slot_below_a_templates_needs_is_refused(value, match):
 
 
 def test_demonstrations_with_no_question_left_raise_instead_of_hanging():
-    """values_per_slot=2 leaves 52 single questions; 40 train + 12 test use them all, so disjoint
-    demonstrations have none left (the draw used to loop forever); without disjointness the 40 train
-    questions remain demonstrable."""
-    kwargs = dict(num_train=40, num_test=12, subsets="single", values_per_slot=2)
+    """values_per_slot=2 leaves 52 single questions; 12 held-out contents (14 questions with their other
+    phrasings, for this seed) + 38 train use them all, so disjoint demonstrations have none left (the draw
+    used to loop forever); without disjointness the 38 train questions remain demonstrable."""
+    kwargs = dict(num_train=38, num_test=12, subsets="single", values_per_slot=2)
+    task = ToolCallTask(**kwargs)
+    held = {content_key(r) for r in task.dataset("test")}
+    assert len(task.dataset("train")) + sum(task.content_counts("single")[c] for c in held) == 52
     with pytest.raises(ValueError, match="disjoint_demonstrations"):
         next(iter(ToolCallTask(**kwargs, disjoint_demonstrations=True).demonstrations(1, seed=0)))
     assert len(list(ToolCallTask(**kwargs).demonstrations(5, seed=0))) == 5
@@ -690,10 +698,11 @@ def test_wrong_tool_demonstrations_outside_a_fraction_is_refused(value):
 
 
 def test_wrong_tool_demonstrations_with_every_distractor_question_held_out_raise():
-    """values_per_slot=2 leaves 52 single questions and num_test = 52 holds out all of them, so a wrong
-    demonstration finds no question of any distractor tool to borrow: a named error, not a hang."""
-    task = ToolCallTask(num_train=0, num_test=52, subsets="single", values_per_slot=2, wrong_tool_demonstrations=0.5)
-    assert task.num_questions("single") == 52
+    """values_per_slot=2 leaves 52 single questions, 44 distinct in content, and num_test = 44 holds out all of
+    them, so a wrong demonstration finds no question of any distractor tool to borrow: a named error, not a
+    hang."""
+    task = ToolCallTask(num_train=0, num_test=44, subsets="single", values_per_slot=2, wrong_tool_demonstrations=0.5)
+    assert task.num_questions("single") == 52 and task.num_contents("single") == 44
     row = task.dataset("test")[0]
     with pytest.raises(ValueError, match=r"task\.wrong_tool_demonstrations: every single question"):
         task.wrong_tool_demonstration(row, random.Random(0))
