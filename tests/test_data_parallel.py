@@ -89,8 +89,15 @@ EQUIVALENCE = ["experiment=grpo_arith", *FAST_TASK, *FAST_MODEL, "trainer.max_st
                "+trainer.enable_progress_bar=false"]
 
 
+DYNAMIC_SAMPLING = ["loss=dapo", "method.dynamic_sampling=true", "method.max_sampling_draws=3"]
+# 2 groups a step, no refill: a step that keeps 1 group leaves rank 1 of 2 without one (weight-0 passes)
+FEWER_GROUPS_THAN_RANKS = [*DYNAMIC_SAMPLING[:2], "method.max_sampling_draws=1", "data.prompts_per_step=2"]
+
+
 @pytest.mark.slow
-def test_one_process_and_two_processes_are_the_same_run(tmp_path, cache_dir):
+@pytest.mark.parametrize("method", [[], DYNAMIC_SAMPLING, FEWER_GROUPS_THAN_RANKS],
+                         ids=["grpo", "dapo_dynamic_sampling", "dapo_fewer_groups_than_ranks"])
+def test_one_process_and_two_processes_are_the_same_run(tmp_path, cache_dir, method):
     """The default job (experiment=grpo_arith: 16 prompt groups of 8 rollouts a step, 4 minibatch updates, AdamW;
     the fast warm start of the tests) for 3 steps on 1 process, on 2 DDP processes and on 2 FSDP2 processes:
     every rollout (its text, token count, score and advantage) and the final weights are the same. Why it can
@@ -98,11 +105,18 @@ def test_one_process_and_two_processes_are_the_same_run(tmp_path, cache_dir):
     step's rollouts, and the loss normalisers are the whole minibatch's, so the ranks' averaged gradient is the
     one-process gradient of the same rollouts. What differs is float rounding (other batch shapes in the
     forwards, a gradient summed in two halves), so weights are compared to 1e-5 and advantages to 1e-5; a token
-    flipped by rounding would fail the text comparison."""
+    flipped by rounding would fail the text comparison.
+
+    With DAPO's dynamic sampling (up to 3 draws a step) the records hold the kept groups only, and those too are
+    the same: the ranks refill as often (the informative groups counted over both) and keep the one-process
+    groups (chosen from both ranks' draws). The run must refill at least once, or this would test nothing. With
+    2 groups a step and no refill, a step that keeps 1 group gives rank 1 none; it runs weight-0 passes, and
+    the weights must still be the one-process run's (the run must have such a step)."""
     runs = {}
     for trainer in ("cpu", "ddp_cpu", "fsdp2_cpu"):
         runs[trainer] = tmp_path / trainer
-        done = lit_credit(cache_dir, f"trainer={trainer}", f"hydra.run.dir={runs[trainer]}", args=EQUIVALENCE)
+        done = lit_credit(cache_dir, f"trainer={trainer}", f"hydra.run.dir={runs[trainer]}",
+                          args=[*EQUIVALENCE, *method])
         assert done.returncode == 0, f"trainer={trainer}: " + done.stderr[-4000:]
     frames = {t: records(r).sort_values(["step", "group", "rollout", "turn"]).reset_index(drop=True)
               for t, r in runs.items()}
@@ -110,7 +124,22 @@ def test_one_process_and_two_processes_are_the_same_run(tmp_path, cache_dir):
                                                  weights_only=False)["state_dict"].items() if k.startswith("policy.")}
                for t, r in runs.items()}
     one = frames["cpu"]
-    assert set(one["step"]) == {1, 2, 3} and len(one) == 3 * 16 * 8 and set(one["rank"]) == {0}
+    assert set(one["step"]) == {1, 2, 3} and set(one["rank"]) == {0}
+    if method:
+        scalars = {t: run_scalars(r) for t, r in runs.items()}
+        draws, kept = scalars["cpu"]["train/sampling_draws"], scalars["cpu"]["train/informative_groups"]
+        if method is DYNAMIC_SAMPLING:
+            assert max(draws.values()) > 1, draws  # a refill happened
+        else:
+            assert 1 in kept.values(), kept  # a step with fewer kept groups than ranks
+        prompts = 2 if method is FEWER_GROUPS_THAN_RANKS else 16
+        # 8 rollouts of each kept group, no other row (a step with none trains on its first draw, weights still)
+        assert len(one) == 8 * sum(k or prompts for k in kept.values())
+        for trainer in ("ddp_cpu", "fsdp2_cpu"):
+            for tag in ("train/sampling_draws", "train/informative_groups", "train/kept_frac"):
+                assert scalars[trainer][tag] == scalars["cpu"][tag], (trainer, tag)
+    else:
+        assert len(one) == 3 * 16 * 8
     for trainer in ("ddp_cpu", "fsdp2_cpu"):
         many = frames[trainer]
         assert set(many["rank"]) == {0, 1}

@@ -1,9 +1,10 @@
 """Group bookkeeping on device: the draw-order rank of each rollout's group, the groups with a reward spread
-(DAPO's dynamic sampling keeps these) and the first informative groups in draw order."""
+(DAPO's dynamic sampling keeps these), the first informative groups in draw order and one rank's share of them."""
 from __future__ import annotations
 
 import torch
 
+from lit_credit.distributed import share
 from lit_credit.types import RolloutBatch
 
 
@@ -36,3 +37,23 @@ def first_informative_groups(batch: RolloutBatch, keep: torch.Tensor, limit: int
     kept = torch.zeros_like(rank).scatter_reduce(0, rank, keep.long(), "amax")  # [B]: group of rank r is kept
     before = kept.cumsum(0)  # kept groups of rank <= r
     return keep & (before[rank] <= limit), min(int(before[-1]), limit)
+
+
+def kept_share(batch: RolloutBatch, keep: torch.Tensor, limit: int, rank: int, size: int
+               ) -> tuple[torch.Tensor, int, bool]:
+    """Rank ``rank``'s share of the groups DAPO keeps from ``batch`` (every rank's draws): the first ``limit``
+    groups ``keep`` marks (:func:`first_informative_groups`), in draw order, split over ``size`` ranks in
+    contiguous runs of whole groups (:func:`~lit_credit.distributed.share`), so the ranks' shares concatenated in
+    rank order are the one-process batch, row for row. Returns (this rank's row indices into ``batch``, in group
+    order and, within a group, in batch order; the number of kept groups; whether this rank got none). A rank
+    that gets none (fewer kept groups than ranks) is given the first kept group's rows, for passes of weight 0
+    that keep the ranks' collectives in step; none at all when no group is kept."""
+    kept, found = first_informative_groups(batch, keep, limit)
+    rows = kept.nonzero().squeeze(-1)
+    rows = rows[batch.group_ids[rows].sort(stable=True).indices]
+    groups = group_rank(batch.group_ids[rows])  # 0 .. found - 1, in draw order
+    mine = share(found, rank, size)
+    empty = mine.start == mine.stop
+    if empty:
+        mine = slice(0, min(found, 1))
+    return rows[(groups >= mine.start) & (groups < mine.stop)], found, empty and found > 0

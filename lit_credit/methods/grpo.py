@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from lit_credit.analysis.metrics import batch_metrics, pass_at_k_metrics, segment_grad_cosine
-from lit_credit.credit.groups import first_informative_groups, nonzero_variance_groups
+from lit_credit.credit.groups import kept_share, nonzero_variance_groups
 from lit_credit.credit.slca import credit_leakage
 from lit_credit.distributed import all_reduce_sum, gather_batch, gather_objects, world
 from lit_credit.interfaces import Augmenter, CreditEstimator, MetricSet
@@ -58,7 +58,11 @@ class GRPOModule(PolicyModule):
     draw order are kept, extras dropped. At the cap the step trains on the informative groups found, and on
     the first draw with all advantages 0 when there is none, without moving the weights (no gradient reaches
     the optimiser, so AdamW's momentum does not move them either): the run always advances (DAPO's trainer
-    raises instead). One process only (the number of draws is rank-local).
+    raises instead). With several processes every decision is the whole step's: each draw's informative groups
+    are counted over the ranks (one all-reduce), so every rank draws as often; the kept groups are chosen from
+    every rank's draws and dealt out again in contiguous runs of whole groups
+    (:func:`~lit_credit.credit.groups.kept_share`), so the kept batch, its minibatch split and its gradient are
+    the one-process run's. A rank left without a group (fewer kept groups than ranks) runs weight-0 passes.
 
     Several processes (DDP, FSDP2): each rank trains on its share of the step's prompt groups (the
     DataModule's), whole groups, so group statistics are exact; each minibatch's loss normaliser is the whole
@@ -94,6 +98,7 @@ class GRPOModule(PolicyModule):
         self.credit_trace: list[CreditTrace] = []  # the last step's credited batches (callbacks.CreditRecords)
         self.step_batch: RolloutBatch | None = None  # the step's rollouts of every rank (collect)
         self.step_ranks: torch.Tensor | None = None  # and each row's rank
+        self.padding_only = False  # this rank holds no kept group this step (dynamic sampling, several ranks)
 
     def configure_optimizers(self):
         opt = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
@@ -103,12 +108,6 @@ class GRPOModule(PolicyModule):
 
     def random_sources(self) -> dict[str, Any]:
         return {"module": self, "augment": self.augment}
-
-    def setup(self, stage: str) -> None:
-        if self.dynamic_sampling and self.trainer.world_size > 1:
-            raise ValueError("method.dynamic_sampling=true runs on one process (each rank would draw a different "
-                             "number of refills and keep a different number of rollouts, and the collectives of "
-                             "DDP / FSDP would hang); set method.dynamic_sampling=false or use one device")
 
     # ------------------------------------------------------------------------------------------------ the step
     def training_step(self, rows: list[dict[str, Any]], batch_idx: int) -> None:
@@ -133,42 +132,58 @@ class GRPOModule(PolicyModule):
         return fn(*args), time.perf_counter() - start
 
     def collect(self, rows: list[dict[str, Any]]) -> tuple[RolloutBatch, bool, dict[str, float]]:
-        """The step's rollouts with the current weights (and, with ``dynamic_sampling``, refills): (the batch to
-        train on, whether it holds an informative group, rollout and sampling metrics over every draw)."""
+        """The step's rollouts with the current weights (and, with ``dynamic_sampling``, refills): (this rank's
+        batch to train on, whether the step holds an informative group, rollout and sampling metrics over every
+        draw of every rank)."""
         batch = self.draw(rows).to(self.device)
         generation_s, informative, sampling, drawn = self.experience.last_generation_s, True, {}, batch
         if self.dynamic_sampling:
-            drawn, batch, informative, generation_s, sampling = self.dynamic_sample(batch, len(rows))
-        whole, self.step_ranks = gather_batch(drawn, self.experience.codec.pad_id)  # every rank's rollouts
+            drawn, generation_s = self.draw_until_informative(batch, len(rows))
+        pad = self.experience.codec.pad_id
+        whole, self.step_ranks = gather_batch(drawn, pad)  # every rank's rollouts
+        self.step_batch, self.padding_only = whole, False
+        if self.dynamic_sampling:
+            batch, informative, sampling = self.keep_informative(whole, batch, len(rows))
+            if world()[1] > 1:  # the records: what each rank trains on
+                self.step_batch, self.step_ranks = gather_batch(batch.select(torch.empty(0, dtype=torch.long))
+                                                                if self.padding_only else batch, pad)
         counts: dict[str, float] = {}
         for rank_counts in gather_objects(self.rollouts.backend_counts.take()):
             counts = {k: counts.get(k, 0.0) + rank_counts.get(k, 0.0) for k in counts | rank_counts}
         logs = {**self.rollout_metrics(whole, "train"), **sampling, **counts, "perf/generation_s": generation_s,
                 "perf/rollout_tokens_per_s": whole.response_mask.sum().item() / max(generation_s, 1e-9)}
-        self.step_batch = whole
         return batch, informative, logs
 
-    def dynamic_sample(self, batch: RolloutBatch, prompts: int) -> tuple[RolloutBatch, RolloutBatch, bool, float,
-                                                                        dict[str, float]]:
-        """DAPO's dynamic sampling with refills (see the class docstring) from the step's first draw ``batch``:
-        (every rollout drawn, the rollouts to train on, whether they hold an informative group, the draws'
-        generation seconds, metrics)."""
-        first, draws, generation_s = batch, [batch], self.experience.last_generation_s
-        spread = nonzero_variance_groups(batch)  # per group, so per draw: the draws never share a group
-        found = len(torch.unique(batch.group_ids[spread]))
+    def draw_until_informative(self, batch: RolloutBatch, prompts: int) -> tuple[RolloutBatch, float]:
+        """DAPO's refills (see the class docstring) after the step's first draw ``batch``: this rank's rollouts
+        of every draw, and the draws' generation seconds. The informative groups are counted over the ranks, so
+        every rank stops after the same draw."""
+        draws, generation_s = [batch], self.experience.last_generation_s
+        found = self.informative_groups(batch)
         while found < prompts and len(draws) < self.max_sampling_draws:
-            fresh = self.rollouts.refill_experience().to(batch.input_ids.device)
-            draws.append(fresh)
+            draws.append(self.rollouts.refill_experience().to(batch.input_ids.device))
             generation_s += self.experience.last_generation_s
-            fresh_spread = nonzero_variance_groups(fresh)
-            spread = torch.cat([spread, fresh_spread])
-            found += len(torch.unique(fresh.group_ids[fresh_spread]))
-        batch = cat_batches(draws, self.experience.codec.pad_id)  # once, however many draws
-        keep, found = first_informative_groups(batch, spread, prompts)
-        groups = len(torch.unique(batch.group_ids))
-        metrics = {"train/sampling_draws": float(len(draws)), "train/informative_groups": float(found),
+            found += self.informative_groups(draws[-1])
+        return cat_batches(draws, self.experience.codec.pad_id), generation_s  # once, however many draws
+
+    def informative_groups(self, batch: RolloutBatch) -> int:
+        """The groups with a reward spread in ``batch`` (one draw; the draws never share a group), summed over
+        the ranks."""
+        local = torch.unique(batch.group_ids[nonzero_variance_groups(batch)]).numel()
+        return int(all_reduce_sum(torch.tensor(local, device=self.device)).item())
+
+    def keep_informative(self, whole: RolloutBatch, first: RolloutBatch, prompts: int
+                         ) -> tuple[RolloutBatch, bool, dict[str, float]]:
+        """The first ``prompts`` informative groups of ``whole`` (every rank's draws), this rank's share of them
+        (:func:`~lit_credit.credit.groups.kept_share`; ``first``, this rank's first draw, when none is
+        informative), whether any is, and the sampling metrics (``train/sampling_draws``,
+        ``train/informative_groups``, ``train/kept_frac``) of the whole step."""
+        rank, size = world()
+        rows, found, self.padding_only = kept_share(whole, nonzero_variance_groups(whole), prompts, rank, size)
+        groups = torch.unique(whole.group_ids).numel()
+        metrics = {"train/sampling_draws": groups / prompts, "train/informative_groups": float(found),
                    "train/kept_frac": found / groups}
-        return batch, batch.select(keep) if found else first, found > 0, generation_s, metrics
+        return (whole.select(rows) if found else first), found > 0, metrics
 
     def augment_experience(self, batch: RolloutBatch) -> dict[str, float]:
         """The augmenter's extra experience, added to ``batch.extras`` in place, when the estimator needs it;
@@ -190,10 +205,10 @@ class GRPOModule(PolicyModule):
         straight to the logger (Lightning's ``self.log`` would repeat its last value at every later step)."""
         credit = self.credit(batch)
         advantages = credit.advantages if informative else torch.zeros_like(credit.advantages)
-        self.credit_trace = [self.whole_trace(batch, advantages)]
-        logs = dict(credit.metrics)
+        self.credit_trace = [self.whole_trace(batch, advantages[:0] if self.padding_only else advantages)]
+        logs = {} if self.padding_only else dict(credit.metrics)  # a weight-0 rank's credit is no one's
         leakage = credit_leakage(batch, advantages)
-        if leakage == leakage:  # not NaN: a tool task with a summary score
+        if leakage == leakage and not self.padding_only:  # not NaN: a tool task with a summary score
             logs["credit/leakage"] = leakage
         logs = self.over_ranks(logs, extreme_by_suffix)
         if self.grad_cosine_every and self.global_step % self.grad_cosine_every == 0 and self.logger is not None:
@@ -249,7 +264,7 @@ class GRPOModule(PolicyModule):
         opt, sched, mask = self.optimizers(), self.lr_schedulers(), batch.response_mask
         gap, entropy, updates = [], [], []
         for epoch in range(self.ppo_epochs):
-            chunks = self.minibatches(len(batch), epoch)
+            chunks = self.minibatches(0 if self.padding_only else len(batch), epoch)
             for i, idx in enumerate(chunks):
                 padding = len(idx) == 0  # none of this minibatch's rows is this rank's: a weight-0 pass of row 0
                 if padding:
@@ -274,9 +289,11 @@ class GRPOModule(PolicyModule):
         if sched is not None:
             sched.step()
         reduce = {"loss/ratio_min": min, "loss/ratio_max": max}  # the others: mean over the step's updates
-        logs = {k: reduce.get(k, lambda v: sum(v) / len(v))([m[k] for m in updates]) for k in updates[0]}
-        logs |= {"train/engine_logprob_gap": torch.stack(gap).mean().item(),
-                 "train/entropy": torch.stack(entropy).mean().item()}
+        logs = {}  # none on a rank that ran only weight-0 passes
+        if updates:
+            logs = {k: reduce.get(k, lambda v: sum(v) / len(v))([m[k] for m in updates]) for k in updates[0]}
+            logs |= {"train/engine_logprob_gap": torch.stack(gap).mean().item(),
+                     "train/entropy": torch.stack(entropy).mean().item()}
         return self.over_ranks(logs, reduce) | {"train/updates": float(len(updates)), "train/lr": opt.param_groups[0]["lr"]}
 
     @staticmethod
