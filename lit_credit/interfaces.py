@@ -115,8 +115,9 @@ class CreditEstimator(ABC):
 class Sampler(Protocol):
     """The experience layer (:class:`~lit_credit.rollout.Experience`) as augmenters and games use it.
 
-    ``sample``: completions of token prompts (``sampling.n`` each) through the engine's retries (a prompt
-    whose every attempt failed gets ``n`` empty completions, finish reason ``"error"``, counted);
+    ``sample``: completions of token prompts (``sampling.n`` each; prompt ``i`` seeded ``seeds[i]``, or by the
+    engine) through the engine's retries (a prompt whose every attempt failed gets ``n`` empty completions,
+    finish reason ``"error"``, counted);
     ``sample_messages``: the same from chat messages, with their prompt ids; ``verify``: the environment's
     answer to an alternative reply (an environment that raises ends the episode, counted); ``turn_score``:
     the reward's score of an alternative tool turn (a reward that raises scores 0, counted).
@@ -124,7 +125,8 @@ class Sampler(Protocol):
 
     sampling: SamplingParams
 
-    def sample(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]: ...
+    def sample(self, prompts: list[list[int]], sampling: SamplingParams, seeds: list[int] | None = None
+               ) -> list[list[Completion]]: ...
 
     def sample_messages(self, messages: Sequence[Messages], sampling: SamplingParams
                         ) -> tuple[list[list[int]], list[list[Completion]]]: ...

@@ -153,6 +153,43 @@ def test_one_process_and_two_processes_are_the_same_run(tmp_path, cache_dir, met
             torch.testing.assert_close(weights[trainer][name], value, rtol=0, atol=1e-5, msg=f"{trainer} {name}")
 
 
+TCPO_COUNTERFACTUAL = ["experiment=tcpo_math", "task.max_operand=4", "task.num_test=20", *FAST_MODEL,
+                       "trainer.max_steps=2", "data.prompts_per_step=4", "data.sampling.n=4", "data.val_prompts=4",
+                       "data.val_samples=0", "trainer.val_check_interval=2", "augment.top_l=2", "augment.samples=2",
+                       "callbacks.credit_records.every_n_steps=1", "callbacks.hf_export=null",
+                       "+trainer.enable_progress_bar=false"]
+
+
+@pytest.mark.slow
+def test_tcpo_counterfactual_alternatives_are_the_same_on_one_and_two_processes(tmp_path, cache_dir):
+    """Full TCPO (credit=tcpo, preset tcpo: the fixed-history counterfactual term, augment=counterfactual) on
+    multi-turn math, 2 steps on 1 process and on 2 DDP processes: every rollout and its advantage (which the
+    alternatives' verifier scores enter) and the final weights are the same. The alternatives of turn k of
+    rollout j of group g are seeded from (seed, g, j, k), not from each rank's generator; the run must sample
+    some (tcpo/cf_turns > 0), or this would test nothing."""
+    runs = {t: tmp_path / t for t in ("cpu", "ddp_cpu")}
+    for trainer, run in runs.items():
+        done = lit_credit(cache_dir, f"trainer={trainer}", f"hydra.run.dir={run}", args=TCPO_COUNTERFACTUAL)
+        assert done.returncode == 0, f"trainer={trainer}: " + done.stderr[-4000:]
+    scalars = {t: run_scalars(r) for t, r in runs.items()}
+    assert min(scalars["cpu"]["tcpo/cf_turns"].values()) > 0
+    assert scalars["ddp_cpu"]["tcpo/cf_turns"] == scalars["cpu"]["tcpo/cf_turns"]  # summed over the ranks
+    frames = {t: records(r).sort_values(["step", "group", "rollout", "turn"]).reset_index(drop=True)
+              for t, r in runs.items()}
+    one, many = frames["cpu"], frames["ddp_cpu"]
+    assert set(many["rank"]) == {0, 1}
+    for column in ("step", "group", "rollout", "turn", "excerpt", "tokens"):
+        assert many[column].tolist() == one[column].tolist(), column
+    for column in ("score", "advantage"):
+        torch.testing.assert_close(torch.tensor(many[column].values), torch.tensor(one[column].values),
+                                   rtol=0, atol=1e-5, msg=column)
+    weights = {t: {k: v for k, v in torch.load(r / "checkpoints" / "last.ckpt", map_location="cpu",
+                                                 weights_only=False)["state_dict"].items() if k.startswith("policy.")}
+               for t, r in runs.items()}
+    for name, value in weights["cpu"].items():
+        torch.testing.assert_close(weights["ddp_cpu"][name], value, rtol=0, atol=1e-5, msg=name)
+
+
 @pytest.mark.slow
 def test_a_hydra_sweep_of_two_process_runs(tmp_path, cache_dir):
     """`-m` with trainer=ddp_cpu: each job starts its own rank 1 (a single run of that job's overrides, in the

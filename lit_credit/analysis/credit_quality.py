@@ -351,7 +351,8 @@ class ToolSampler:
         self.rows, self.reward, self.rng = rows, reward, random.Random(seed)
         self.sampling = SamplingParams(n=4)
 
-    def sample(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+    def sample(self, prompts: list[list[int]], sampling: SamplingParams, seeds: list[int] | None = None
+               ) -> list[list[Completion]]:
         out = []
         for prefix in prompts:
             i, k = _history(prefix)
@@ -549,7 +550,8 @@ class RevisionSampler:
         self.noise, self.rng = noise, random.Random(seed)
         self.sampling = SamplingParams(n=4)
 
-    def sample(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
+    def sample(self, prompts: list[list[int]], sampling: SamplingParams, seeds: list[int] | None = None
+               ) -> list[list[Completion]]:
         return [[Completion([REPLY + _history(p)[1]], [math.log(ACTION_PROBS[ACTIONS.index(a)])], a)
                  for a in self.rng.choices(ACTIONS, ACTION_PROBS, k=sampling.n)] for p in prompts]
 

@@ -20,6 +20,19 @@ def group_rank(group_ids: torch.Tensor) -> torch.Tensor:
     return rank
 
 
+def member_index(group_ids: torch.Tensor) -> torch.Tensor:
+    """[B] long: each rollout's position among its group's rollouts, in batch order (0 for a group's first row).
+    A group is generated whole on one rank, so this does not depend on how many processes share the step."""
+    ids, order = group_ids.sort(stable=True)
+    new = torch.ones_like(ids, dtype=torch.bool)
+    new[1:] = ids[1:] != ids[:-1]
+    position = torch.arange(len(ids), device=ids.device)
+    start = torch.where(new, position, torch.zeros_like(position)).cummax(0).values  # each run's first position
+    member = torch.empty_like(order)
+    member[order] = position - start
+    return member
+
+
 def nonzero_variance_groups(batch: RolloutBatch) -> torch.Tensor:
     """[B] bool on the batch's device: rollouts whose group's scores are not all equal (DAPO's dynamic sampling
     keeps these): ``keep_i = max_{j in g(i)} r_j > min_{j in g(i)} r_j``, two segment reductions over the

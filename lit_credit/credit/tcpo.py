@@ -111,12 +111,12 @@ def select_counterfactual_turns(
     *,
     top_l: int = 5,
     mode: SelectMode = "surprisal",
-    generator: torch.Generator | None = None,
+    noise: Tensor | None = None,
 ) -> Tensor:
     """Turns that get counterfactual alternatives: the top-L reached turns of each group.
 
     ``mode="surprisal"`` ranks by surprisal (mean negative log-prob of the turn's tokens under the behaviour
-    policy), ``"random"`` by uniform noise from ``generator`` (the "random selection" ablation), ``"all"``
+    policy), ``"random"`` by ``noise`` ([B, K] uniform, the "random selection" ablation), ``"all"``
     takes every reached turn. Ties go to the earlier (rollout, turn) position.
 
     Shape:
@@ -126,11 +126,9 @@ def select_counterfactual_turns(
     mask = turn_mask.bool()
     if mode == "all":
         return mask.clone()
-    key = (
-        surprisal
-        if mode == "surprisal"
-        else torch.rand(surprisal.shape, generator=generator).to(mask.device)  # a CPU generator, any device
-    )
+    if mode == "random" and (noise is None or noise.shape != surprisal.shape):
+        raise ValueError(f"select_counterfactual_turns(mode='random') needs noise of shape {tuple(surprisal.shape)}")
+    key = surprisal if mode == "surprisal" else noise.to(mask.device)
     key = key.masked_fill(~mask, float("-inf")).reshape(-1)
     group = torch.unique(group_ids, return_inverse=True)[1][:, None].expand_as(mask).reshape(-1)
     order = key.argsort(descending=True, stable=True)

@@ -23,6 +23,15 @@ from lit_credit.types import CreditTrace, RolloutBatch, cat_batches
 MINIBATCH_STREAM = 2  # the seed stream of the minibatch splits (0, 1: the DataModule's rollout streams)
 
 
+def sum_counts_nanmean(key: str) -> Any:
+    """The reduction over ranks of an augmenter's metric: a count (``..._turns``) summed, else the mean of the
+    values that are not NaN (NaN when every rank's is)."""
+    if key.endswith("_turns"):
+        return sum
+    return lambda values: (sum(v for v in values if v == v) / max(sum(v == v for v in values), 1)
+                           if any(v == v for v in values) else float("nan"))
+
+
 def extreme_by_suffix(key: str) -> Any:
     """The exact reduction over ranks of a metric named ``...max`` (max) or ``...min`` (min); None otherwise."""
     return max if key.endswith("max") else min if key.endswith("min") else None
@@ -187,10 +196,11 @@ class GRPOModule(PolicyModule):
 
     def augment_experience(self, batch: RolloutBatch) -> dict[str, float]:
         """The augmenter's extra experience, added to ``batch.extras`` in place, when the estimator needs it;
-        its metrics ({} without)."""
+        its metrics over the ranks ({} without): counts (``.../cf_turns``) summed, the others the mean of the
+        ranks' values that are not NaN."""
         if self.augment is None or not self.credit.needs & self.augment.provides:
             return {}
-        return self.augment(batch, self.experience)
+        return self.over_ranks(self.augment(batch, self.experience), sum_counts_nanmean)
 
     @torch.no_grad()
     def anchor_logprobs(self, batch: RolloutBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -6,21 +6,28 @@ from typing import Literal
 
 import torch
 
+from lit_credit.credit.groups import member_index
 from lit_credit.credit.tcpo import SELECT_MODES, select_counterfactual_turns
 from lit_credit.interfaces import Sampler
+from lit_credit.rollout.seeds import seeds_of, uniform
 from lit_credit.types import RolloutBatch
 
 Scorer = Literal["verifier", "reward"]
+# Seed streams (0, 1: the DataModule's train and validation groups; 2: the minibatch split)
+SAMPLE_STREAM, SELECT_STREAM = 3, 4
 
 
 class CounterfactualTurns:
     """TCPO's fixed-history counterfactual resampling (``augment=counterfactual`` / ``counterfactual_tool``).
 
     The top ``top_l`` scored turns per group by ``select`` (``surprisal``: mean negative behaviour log-prob of
-    the turn; ``random``, from the augmenter's own generator seeded with ``seed``; ``all``,
+    the turn; ``random``: noise ``uniform(seed, 4, g, j, k)``; ``all``,
     :func:`~lit_credit.credit.tcpo.select_counterfactual_turns`) are resampled ``samples`` times from their
     exact history tokens (``input_ids[i, :turn_starts[i, k]]``) with the train sampling settings, through the
-    experience layer (retries, failure counts, engine wake). Each alternative is scored by ``score``:
+    experience layer (retries, failure counts, engine wake), turn ``k`` of rollout ``j`` of group ``g``
+    (:func:`~lit_credit.credit.groups.member_index`) seeded ``mix_seed(seed, 3, g, j, k)``: both depend on the
+    rollout, not on the process or batch it sits in, so a run's alternatives are the same on 1 or N processes
+    (with an engine that honours seeds, as HFEngine does). Each alternative is scored by ``score``:
 
     - ``verifier``: the environment's verifier at that turn (``sampler.verify(row, k, reply).score``, 0 when
       it gives none); the scored turns are the reached turns of a batch with ``turn_scores``;
@@ -42,8 +49,7 @@ class CounterfactualTurns:
         if score not in ("verifier", "reward"):
             raise ValueError(f"augment.score={score!r}: use 'verifier' (the environment's turn score) or 'reward' "
                              "(the reward's turn_score, e.g. HierR's tool turns)")
-        self.top_l, self.samples, self.select, self.score = top_l, samples, select, score
-        self._generator = torch.Generator().manual_seed(seed)
+        self.top_l, self.samples, self.select, self.score, self.seed = top_l, samples, select, score, seed
 
     def scored_turns(self, batch: RolloutBatch) -> torch.Tensor | None:
         """[B, K] bool: the turns that carry a score and may be resampled, or None."""
@@ -62,12 +68,17 @@ class CounterfactualTurns:
         mask = self.scored_turns(batch)
         if mask is None:
             return {}
+        group, member = batch.group_ids.cpu()[:, None], member_index(batch.group_ids).cpu()[:, None]
+        turns = torch.arange(mask.shape[1])
+        noise = uniform(self.seed, SELECT_STREAM, group, member, turns) if self.select == "random" else None
         selected = select_counterfactual_turns(batch.turn_surprisal(), mask, batch.group_ids, top_l=self.top_l,
-                                               mode=self.select, generator=self._generator)
+                                               mode=self.select, noise=noise)
         rollout, turn = selected.nonzero(as_tuple=True)
         starts = batch.turn_starts()[rollout, turn].tolist()
         prefixes = [batch.input_ids[i, :s].tolist() for i, s in zip(rollout.tolist(), starts)]
-        alternatives = sampler.sample(prefixes, replace(sampler.sampling, n=self.samples))
+        r, k = rollout.cpu(), turn.cpu()
+        seeds = seeds_of(self.seed, SAMPLE_STREAM, group[r, 0], member[r, 0], k)
+        alternatives = sampler.sample(prefixes, replace(sampler.sampling, n=self.samples), seeds)
         rows = [batch.metadata[i]["row"] for i in rollout.tolist()]
         scores = [[self.score_alternative(sampler, row, k, c.text) for c in alts]
                   for row, k, alts in zip(rows, turn.tolist(), alternatives)]

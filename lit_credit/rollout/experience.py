@@ -83,15 +83,17 @@ class Experience:
                                "first (RolloutDataModule.bind)")
         return self.codec
 
-    def sample(self, prompts: list[list[int]], sampling: SamplingParams) -> list[list[Completion]]:
-        """``sampling.n`` completions of each token prompt through the engine's retries (``data.engine_retry``;
+    def sample(self, prompts: list[list[int]], sampling: SamplingParams, seeds: list[int] | None = None
+               ) -> list[list[Completion]]:
+        """``sampling.n`` completions of each token prompt (prompt ``i`` seeded ``seeds[i]``, or by the engine)
+        through the engine's retries (``data.engine_retry``;
         without one an engine error propagates), an engine :meth:`release` put to sleep woken first; when every
         attempt failed each prompt gets ``n`` empty completions with finish reason ``"error"`` (counted in
         ``backend/<retry name>/*``), as in :meth:`rollouts`. No prompt: no engine call."""
         if not prompts:
             return []
         self._wake()
-        return generate(self.engine, prompts, sampling, self.retry)
+        return generate(self.engine, prompts, sampling, self.retry, seeds)
 
     def sample_messages(self, messages: Sequence[Messages], sampling: SamplingParams
                         ) -> tuple[list[list[int]], list[list[Completion]]]:

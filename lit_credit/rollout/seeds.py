@@ -57,8 +57,17 @@ def row_seeds(seeds: list[int], n: int) -> torch.Tensor:
     return mix(torch.tensor(seeds, dtype=torch.long)[:, None], torch.arange(n)).reshape(-1)
 
 
+def uniform(*parts: torch.Tensor | int) -> torch.Tensor:
+    """float64 uniform noise in (0, 1) from counters: ``u = ((mix(*parts) >>> 11) + 1/2) / 2**53``, elementwise."""
+    return (_shr(mix(*parts), 11).double() + 0.5) / 2.0 ** 53
+
+
+def seeds_of(*parts: torch.Tensor | int) -> list[int]:
+    """:func:`mix_seed` elementwise over broadcast counters, as a list of seeds in ``[0, 2**63)``."""
+    return (mix(*parts) & ((1 << 63) - 1)).reshape(-1).tolist()
+
+
 def gumbel(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
     """[B, vocab] float32 Gumbel(0, 1) noise of decoding step ``step`` for rows seeded ``seeds`` [B]."""
-    bits = _shr(mix(seeds[:, None], step, torch.arange(vocab, device=seeds.device)), 11)
-    u = (bits.double() + 0.5) / 2.0 ** 53
+    u = uniform(seeds[:, None], step, torch.arange(vocab, device=seeds.device))
     return (-torch.log(-torch.log(u))).float()

@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import torch
 
-from lit_credit.credit.groups import first_informative_groups, kept_share, nonzero_variance_groups
+from lit_credit.credit.groups import (
+    first_informative_groups,
+    kept_share,
+    member_index,
+    nonzero_variance_groups,
+)
 from tests.credit.common import make_batch
 
 
@@ -54,3 +59,8 @@ def test_kept_share_deals_the_kept_groups_out_in_draw_order_as_whole_groups():
     # nothing informative: no rows, and not a weight-0 rank (the step does not update at all)
     rows, found, empty = kept_share(batch, torch.zeros(12, dtype=torch.bool), 3, 1, 2)
     assert (rows.tolist(), found, empty) == ([], 0, False)
+
+
+def test_member_index_counts_each_rollout_within_its_group_in_batch_order():
+    # groups 7, 3, 7, 7, 3, 9 -> 7's rows 0, 2, 3 are its members 0, 1, 2; 3's rows 1, 4 are 0, 1; 9's row 5 is 0
+    assert member_index(torch.tensor([7, 3, 7, 7, 3, 9])).tolist() == [0, 0, 1, 2, 1, 0]

@@ -10,6 +10,7 @@ import torch
 
 from lit_credit.interfaces import Augmenter
 from lit_credit.rollout.augment import CounterfactualTurns
+from lit_credit.rollout.seeds import mix_seed
 from lit_credit.types import Completion, Feedback, SamplingParams
 from tests.credit.common import make_batch
 
@@ -22,10 +23,11 @@ class ScriptedSampler:
 
     def __init__(self) -> None:
         self.sampling = SamplingParams(n=8, temperature=0.7, top_p=0.9, max_new_tokens=5, stop=("\n",))
-        self.samples, self.verified, self.turn_scored = [], [], []
+        self.samples, self.verified, self.turn_scored, self.seeds = [], [], [], []
 
-    def sample(self, prompts, sampling):
+    def sample(self, prompts, sampling, seeds=None):
         self.samples.append((prompts, sampling))
+        self.seeds.append(seeds)
         return [[Completion([1], [-0.5], f"alt{j}") for j in range(sampling.n)] for _ in prompts]
 
     def sample_messages(self, messages, sampling):  # not used by the augmenter
@@ -113,15 +115,35 @@ def test_select_all_resamples_every_scored_turn():
     assert len(sampler.samples[0][0]) == 7
 
 
-def test_select_random_draws_from_the_augmenters_own_seeded_generator():
+def test_select_random_draws_from_the_augmenters_seed_not_the_global_generator():
     picks = []
-    for seed in (3, 3):
+    for seed, global_seed in ((3, 0), (3, 1)):
         batch = two_groups()
-        torch.manual_seed(seed + 100)  # the global generator must not matter
+        torch.manual_seed(global_seed)  # the global generator must not matter
         CounterfactualTurns(top_l=1, samples=1, select="random", seed=seed)(batch, ScriptedSampler())
         picks.append(batch.extras["cf_mask"])
     assert torch.equal(picks[0], picks[1])
     assert (picks[0].view(2, -1).sum(1) == 1).all()  # one reached turn per group
+
+
+@pytest.mark.parametrize("select", ["surprisal", "random"])
+def test_alternatives_do_not_depend_on_the_batch_a_rollout_sits_in(select):
+    """Two ranks each hold one whole group of the step (rows 0-1: group 0, rows 2-3: group 1): their
+    selections and the alternatives' seeds, concatenated in rank order, are the one-process batch's. The seed
+    of turn k of rollout j of group g is mix_seed(seed, 3, g, j, k), j counted within the group: rows 0-3 are
+    (g, j) = (0, 0), (0, 1), (1, 0), (1, 1)."""
+    def run(batch):
+        sampler = ScriptedSampler()
+        CounterfactualTurns(top_l=2, samples=2, select=select, score="reward", seed=7)(batch, sampler)
+        return batch.extras["cf_mask"], sampler.seeds[0]
+
+    whole_mask, whole_seeds = run(two_groups())
+    ranks = [run(two_groups().select(torch.tensor(rows))) for rows in ([0, 1], [2, 3])]
+    assert torch.equal(torch.cat([mask for mask, _ in ranks]), whole_mask)
+    assert ranks[0][1] + ranks[1][1] == whole_seeds
+    g, j = [0, 0, 1, 1], [0, 1, 0, 1]
+    assert whole_seeds == [mix_seed(7, 3, g[i], j[i], k) for i, k in whole_mask.nonzero().tolist()]
+    assert len(set(whole_seeds)) == len(whole_seeds) == 4  # the top 2 of group 0's 3 tool turns, both of group 1's
 
 
 @pytest.mark.parametrize("score", ["verifier", "reward"])
