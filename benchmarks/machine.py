@@ -67,7 +67,7 @@ def write_results(path: str | os.PathLike[str], report: dict[str, Any]) -> Path:
 
 def ground_truth_main(name: str, module: Any, doc: str, argv: list[str] | None, size_help: str, seed_help: str,
                       **run_kwargs: Any) -> dict[str, Any]:
-    """The command of a model-free benchmark ``module`` (``lit_credit.analysis.<name>``, with ``SIZES``, ``run``,
+    """The command of a model-free benchmark ``module`` (``benchmarks.<name>``, with ``SIZES``, ``run``,
     ``markdown``, ``plot``): ``--size``, ``--seed``, ``--out`` (default ``benchmarks/results/<name>.json``),
     ``--plot`` (default ``docs/experiments/<name>.png``; ``''`` for none); torch's threads from
     ``OMP_NUM_THREADS``. Prints a header (the machine, the threads, the elapsed time) and ``module.markdown``,

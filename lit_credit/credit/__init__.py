@@ -1,14 +1,8 @@
 """Pure, vectorised credit estimators and their registry (see docs/methods.md)."""
 
 from lit_credit.credit.dpa import DPACredit, dpa_pair_advantages
-from lit_credit.credit.grpo import (
-    DrGRPOCredit,
-    GRPOCredit,
-    OverlongPenalty,
-    group_normalize,
-    group_stats,
-    grpo_advantages,
-)
+from lit_credit.credit.groups import group_normalize, group_stats
+from lit_credit.credit.grpo import DrGRPOCredit, GRPOCredit, OverlongPenalty, grpo_advantages
 from lit_credit.credit.mt_grpo import MTGRPOCredit, mt_grpo_advantages
 from lit_credit.credit.registry import CreditEstimator, available, get, register
 from lit_credit.credit.rloo import RLOOCredit, rloo_advantages

@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_credit.credit.grpo import group_normalize, rollout_credit
+from lit_credit.credit.groups import group_normalize
 from lit_credit.credit.registry import CreditEstimator, check_batch, register
+from lit_credit.credit.tokens import rollout_credit
 from lit_credit.types import CreditOutput, RolloutBatch
 
 

@@ -1,11 +1,78 @@
-"""Group bookkeeping on device: the draw-order rank of each rollout's group, the groups with a reward spread
-(DAPO's dynamic sampling keeps these), the first informative groups in draw order and one rank's share of them."""
+"""Group statistics and bookkeeping every estimator shares (docs/methods.md §0).
+
+``Norm_G(x) = (x - mean_G x) / (std_G x + eps)`` over the set G of a group's rollouts, unbiased (Bessel)
+std; ``x - mean_G x`` with ``norm_by_std=False`` (Dr.GRPO). Presence guard: statistics use only the
+present rollouts, and a group with fewer than 2 present gets 0 for all its rollouts; absent ones get 0.
+
+Bookkeeping on device: the draw-order rank of each rollout's group and its place in the group, the groups with a
+reward spread (DAPO's dynamic sampling keeps these), the first informative groups in draw order and one rank's
+share of them.
+"""
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from lit_credit.distributed import share
 from lit_credit.types import RolloutBatch
+
+
+def group_stats(
+    x: Tensor, group_ids: Tensor, present: Tensor | None = None, *, unbiased: bool = True
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Elementwise ``(x - mean_G x, std_G x, |G|)``, G the present elements of the element's group.
+
+    Group ids are any integers (not necessarily contiguous). The centred value is 0 where absent. The
+    std is Bessel-corrected when ``unbiased`` (0 for ``|G| < 2``), else the population std. The group
+    minimum is subtracted before summing, so a group of equal values centres to exactly 0 in any dtype
+    (no spurious ``ulp / eps`` advantages on zero-variance groups).
+
+    Shape:
+        x, group_ids, present: any shape, all the same. Outputs: that shape, x's dtype.
+    """
+    shape = x.shape
+    x = x.reshape(-1)
+    p = torch.ones_like(x, dtype=torch.bool) if present is None else present.reshape(-1).bool()
+    uniq, inv = torch.unique(group_ids.reshape(-1), return_inverse=True)
+    zeros = x.new_zeros(uniq.numel())
+    low = x.new_full((uniq.numel(),), float("inf")).scatter_reduce_(
+        0, inv, x.masked_fill(~p, float("inf")), "amin"
+    )
+    shifted = torch.where(p, x - low.index_select(0, inv), 0)
+    count = zeros.index_add(0, inv, p.to(x.dtype))
+    mean = zeros.index_add(0, inv, shifted) / count.clamp_min(1)
+    centred = torch.where(p, shifted - mean.index_select(0, inv), 0)
+    var = zeros.index_add(0, inv, centred * centred) / (count - int(unbiased)).clamp_min(1)
+    std, count = var.sqrt().index_select(0, inv), count.index_select(0, inv)
+    return centred.reshape(shape), std.reshape(shape), count.reshape(shape)
+
+def group_normalize(
+    scores: Tensor,
+    group_ids: Tensor,
+    present: Tensor | None = None,
+    *,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+    unbiased: bool = True,
+) -> Tensor:
+    """``Norm_{g(i)}(scores_i)`` with the presence guard.
+
+    ``A_i = (s_i - mean_G s) / (std_G s + eps)`` (``s_i - mean_G s`` when ``norm_by_std=False``), G the
+    present rollouts of i's group; ``A_i = 0`` when i is absent or ``|G| < 2``. ``unbiased=False`` uses
+    the population std (DPA pairs).
+
+    Shape:
+        scores, group_ids, present (bool, optional; all present when None): [B] (any shape, all the
+        same: elements are grouped by id). Output: the same shape, scores' dtype.
+    """
+    centred, std, count = group_stats(scores, group_ids, present, unbiased=unbiased)
+    adv = centred / (std + eps) if norm_by_std else centred
+    return torch.where(count >= 2, adv, 0)
+
+def zero_group_frac(advantages: Tensor, group_ids: Tensor) -> float:
+    """Share of groups whose rollouts all get 0 (constant scores, or fewer than 2 present)."""
+    n = torch.unique(group_ids).numel()
+    return 1.0 - torch.unique(group_ids[advantages != 0]).numel() / n if n else 0.0
 
 
 def group_rank(group_ids: torch.Tensor) -> torch.Tensor:

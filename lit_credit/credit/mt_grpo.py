@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_credit.credit.grpo import group_normalize, moment_metrics, token_moments, zero_group_frac
+from lit_credit.credit.groups import group_normalize, zero_group_frac
 from lit_credit.credit.registry import CreditEstimator, check_batch, register
 from lit_credit.credit.tcpo import turns_to_tokens
+from lit_credit.credit.tokens import moment_metrics, token_moments
 from lit_credit.types import CreditOutput, RolloutBatch
 
 

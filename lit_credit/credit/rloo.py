@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from lit_credit.credit.grpo import group_stats, rollout_credit
+from lit_credit.credit.groups import group_stats
 from lit_credit.credit.registry import CreditEstimator, check_batch, register
+from lit_credit.credit.tokens import rollout_credit
 from lit_credit.types import CreditOutput, RolloutBatch
 
 

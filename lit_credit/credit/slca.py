@@ -17,8 +17,9 @@ import math
 import torch
 from torch import Tensor
 
-from lit_credit.credit.grpo import group_normalize, row_blocks, segment_metrics, share, zero_group_frac
+from lit_credit.credit.groups import group_normalize, zero_group_frac
 from lit_credit.credit.registry import CreditEstimator, check_batch, register, require_parts
+from lit_credit.credit.tokens import row_blocks, segment_metrics, true_frac
 from lit_credit.types import CreditOutput, RolloutBatch
 
 
@@ -39,7 +40,7 @@ def segment_masks(response_mask: Tensor) -> tuple[Tensor, Tensor]:
 def segments(response_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`segment_masks` plus the per-row token counts ``(n_tool, n_sum)`` [B] float.
 
-    Per row block (:func:`~lit_credit.credit.grpo.row_blocks`), with positions counted from 1: a run
+    Per row block (:func:`~lit_credit.credit.tokens.row_blocks`), with positions counted from 1: a run
     starts at p where ``m[p] > m[p - 1]`` (or p = 1 with ``m[1]``); the last run's start is
     ``p_start = max(start * p)`` (0 without runs), the summary is ``m & (p >= p_start)``, the tool segment
     ``m ^ summary``; ``n_sum`` counts the summary, ``n_tool = sum_t response_mask - n_sum``."""
@@ -130,8 +131,8 @@ def slca_advantages(
         **segment_metrics(torch.stack([a_tool, a_sum], 1), torch.stack([n_tool, n_sum], 1)),
         **segment_metrics(a_tool, n_tool, "credit/tool/"),
         **segment_metrics(a_sum, n_sum, "credit/summary/"),
-        "credit/omission_frac": 0.0 if omitted is None else share(omitted),
-        "credit/tool_present_frac": share(has_tool),
+        "credit/omission_frac": 0.0 if omitted is None else true_frac(omitted),
+        "credit/tool_present_frac": true_frac(has_tool),
         "credit/tool/zero_variance_group_frac": zero_group_frac(a_tool, group_ids),
         "credit/summary/zero_variance_group_frac": zero_group_frac(a_sum, group_ids),
     }
@@ -172,7 +173,7 @@ def toolpo_advantages(
     metrics = {
         **segment_metrics(torch.stack([on_tool, a_global], 1), torch.stack([n_tool, n_sum], 1)),
         **segment_metrics(on_tool, n_tool, "credit/tool/"),
-        "credit/tool_present_frac": share(n_tool > 0),
+        "credit/tool_present_frac": true_frac(n_tool > 0),
         "credit/zero_variance_group_frac": zero_group_frac(a_global, group_ids),
         "credit/tool/zero_variance_group_frac": zero_group_frac(a_tool, group_ids),
     }
@@ -201,7 +202,7 @@ def toolpo_process_advantages(
     """
     s_tool, _, omitted = omission_guard(process_score, score_total, score_total, should_call_but_no_call)
     out = toolpo_advantages(s_tool, score_total, response_mask, group_ids, lam=lam, eps=eps, norm_by_std=norm_by_std)
-    out.metrics["credit/omission_frac"] = 0.0 if omitted is None else share(omitted)
+    out.metrics["credit/omission_frac"] = 0.0 if omitted is None else true_frac(omitted)
     return out
 
 

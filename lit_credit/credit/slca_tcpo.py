@@ -12,15 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_credit.credit.grpo import (
-    group_normalize,
-    merge_moments,
-    moment_metrics,
-    segment_moments,
-    share,
-    token_moments,
-    zero_group_frac,
-)
+from lit_credit.credit.groups import group_normalize, zero_group_frac
 from lit_credit.credit.registry import CreditEstimator, check_batch, register, require_parts
 from lit_credit.credit.slca import omission_checks, omission_guard, segment_weights, segments
 from lit_credit.credit.tcpo import (
@@ -35,6 +27,7 @@ from lit_credit.credit.tcpo import (
     turn_credit_metrics,
     turns_to_tokens,
 )
+from lit_credit.credit.tokens import merge_moments, moment_metrics, segment_moments, token_moments, true_frac
 from lit_credit.types import CreditOutput, RolloutBatch
 
 
@@ -113,8 +106,8 @@ def slca_tcpo_advantages(
         **moment_metrics(merge_moments(tool, summary)),
         **moment_metrics(tool, "credit/tool/"),
         **moment_metrics(summary, "credit/summary/"),
-        "credit/omission_frac": 0.0 if omitted is None else share(omitted),
-        "credit/tool_present_frac": share(mask.any(1)),
+        "credit/omission_frac": 0.0 if omitted is None else true_frac(omitted),
+        "credit/tool_present_frac": true_frac(mask.any(1)),
         "credit/tool_turns": mask.sum(1).float().mean().item(),
         "credit/summary/zero_variance_group_frac": zero_group_frac(a_sum, group_ids),
         **turn_credit_metrics(a_turn, s_turn, mask, tau, r0),

@@ -15,15 +15,9 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
-from lit_credit.credit.grpo import (
-    group_normalize,
-    group_stats,
-    label_moments,
-    moment_metrics,
-    row_blocks,
-    token_moments,
-)
+from lit_credit.credit.groups import group_normalize, group_stats
 from lit_credit.credit.registry import CreditEstimator, check_batch, register, require_parts
+from lit_credit.credit.tokens import label_moments, moment_metrics, row_blocks, token_moments
 from lit_credit.types import CreditOutput, RolloutBatch
 
 Preset = Literal["trajectory", "turn", "diff", "retro", "retro_hindsight", "tcpo"]
@@ -217,7 +211,7 @@ def turns_to_tokens(
     ``turn_values[i, K - 1]`` when ``repeat_last``, else 0; tokens off ``on`` or with id -1 (prompt,
     feedback, padding) get 0.
 
-    One gather per row block (:func:`~lit_credit.credit.grpo.row_blocks`) from the table
+    One gather per row block (:func:`~lit_credit.credit.tokens.row_blocks`) from the table
     ``[0 | turn_values | last or 0]`` at ``clamp(turn_ids + 1, 0, K + 1) * on``.
 
     Shape:

@@ -1,4 +1,4 @@
-"""Row-blocked token passes and the moment metrics they feed (lit_credit.credit.grpo).
+"""Row-blocked token passes and the moment metrics they feed (lit_credit.credit.tokens).
 
 The turn and segment estimators write their [B, T] output block by block (``row_blocks``); the result may
 not depend on where the blocks fall, and the metrics built from moments must equal the token statistics.
@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from benchmarks.estimators import CASES, synthetic_batch
-from lit_credit.credit import grpo, turns_to_tokens
-from lit_credit.credit.grpo import (
+from lit_credit.credit import tokens as token_passes
+from lit_credit.credit import turns_to_tokens
+from lit_credit.credit.slca import segments
+from lit_credit.credit.tokens import (
     label_moments,
     merge_moments,
     moment_metrics,
@@ -17,13 +19,12 @@ from lit_credit.credit.grpo import (
     segment_moments,
     token_moments,
 )
-from lit_credit.credit.slca import segments
 
 from .common import t
 
 
 def test_row_blocks_cover_the_rows_once(monkeypatch):
-    monkeypatch.setattr(grpo, "BLOCK_TOKENS", 10)
+    monkeypatch.setattr(token_passes, "BLOCK_TOKENS", 10)
     # T = 4: 10 // 4 = 2 rows per block -> [0:2], [2:4], [4:6] for B = 5 (the last slice is clipped)
     assert row_blocks(torch.Size([5, 4])) == [slice(0, 2), slice(2, 4), slice(4, 6)]
     # T longer than the budget: one row per block; T = 0: the budget in rows; B = 0: no block
@@ -86,7 +87,7 @@ def test_estimators_do_not_depend_on_the_blocks(monkeypatch, block_tokens):
     # one row per block, blocks of a few rows, and one block: the advantages are bitwise the same
     batch = synthetic_batch(24, 96, seed=3)
     whole = {case.name: case.make()(case.prepare(batch)) for case in CASES}
-    monkeypatch.setattr(grpo, "BLOCK_TOKENS", block_tokens)
+    monkeypatch.setattr(token_passes, "BLOCK_TOKENS", block_tokens)
     for case in CASES:
         out = case.make()(case.prepare(batch))
         assert torch.equal(out.advantages, whole[case.name].advantages), case.name

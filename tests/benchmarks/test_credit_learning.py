@@ -10,8 +10,7 @@ import math
 import pytest
 import torch
 
-from benchmarks import credit_learning as command
-from lit_credit.analysis import credit_learning as cl
+from benchmarks import credit_learning as cl
 from lit_credit.rewards.dpa import rarity_weights, revise_share
 
 
@@ -184,7 +183,7 @@ def test_command_tiny(tmp_path, capsys):
     """``python -m benchmarks.credit_learning --size tiny``: the JSON has every tiny cell with every method of its
     family, the markdown a table per cell, the figure is written."""
     out, fig = tmp_path / "cl.json", tmp_path / "cl.png"
-    command.main(["--size", "tiny", "--out", str(out), "--plot", str(fig)])
+    cl.main(["--size", "tiny", "--out", str(out), "--plot", str(fig)])
     report = json.loads(out.read_text())
     cells = report["cells"]
     assert [(c["family"], c["value"]) for c in cells] == [("tool", 0.0), ("tool", 1.0), ("revision", 3),

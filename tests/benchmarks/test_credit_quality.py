@@ -11,9 +11,8 @@ import math
 import pytest
 import torch
 
-from benchmarks import credit_quality as command
+from benchmarks import credit_quality as cq
 from lit_credit import credit
-from lit_credit.analysis import credit_quality as cq
 from lit_credit.rewards import SummaryJudge
 from lit_credit.tasks.tool_catalog import SCHEMAS
 from lit_credit.tasks.toolcall import make_row
@@ -224,7 +223,7 @@ def test_decision_truth_by_hand():
 def test_small_benchmark_command(tmp_path, capsys):
     """The CI setting: the command on ``--size small`` in seconds, its outputs, and values fixed by structure."""
     out, png = tmp_path / "cq.json", tmp_path / "cq.png"
-    report = command.main(["--size", "small", "--out", str(out), "--plot", str(png)])
+    report = cq.main(["--size", "small", "--out", str(out), "--plot", str(png)])
     assert report["elapsed_s"] < 30 and png.stat().st_size > 0
     saved = json.loads(out.read_text())
     assert saved["results"] == report["results"] and saved["settings"]["size"] == "small" and "machine" in saved
