@@ -13,6 +13,8 @@ longer punishes correct tool calls.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -86,27 +88,54 @@ def omission_guard(
     return torch.where(rows, 0, tool_score), torch.where(omitted, score_total, summary_score), omitted
 
 
+@dataclass(frozen=True, kw_only=True)
+class SLCASettings:
+    """SLCA's settings, passed whole to :func:`slca_advantages` (and, with TCPO's, to
+    :func:`~lit_credit.credit.slca_tcpo.slca_tcpo_advantages`). :class:`SLCACredit` is this dataclass, so each
+    field is also the config key ``credit.<field>`` (conf/credit/slca.yaml, which a test holds to these fields
+    and defaults): a setting is added here and in the YAML file, nowhere else.
+
+    - ``w_process``, ``w_summary``: the weights of the tool (process) and summary segments' advantages,
+      applied after normalisation; None: the reward's weight of that part (:meth:`segment_weights`), so the
+      segments are weighted as the score is.
+    - ``eps``: added to every group std divided by.
+    - ``norm_by_std``: divide by the group's std (False: centre only).
+    """
+
+    w_process: float | None = None
+    w_summary: float | None = None
+    eps: float = 1e-6
+    norm_by_std: bool = True
+
+    def segment_weights(self, reward_weights: Mapping[str, float] | None = None) -> tuple[float, float]:
+        """``(w_process, w_summary)``: each as set, or where None the reward's weight of that part
+        (``reward_weights``: ``batch.reward_weights``, HierR's ``w_process`` / ``w_summary``), 1.0 when the
+        reward has none or none is given."""
+        weights = reward_weights or {}
+        return (weights.get("process", 1.0) if self.w_process is None else self.w_process,
+                weights.get("summary", 1.0) if self.w_summary is None else self.w_summary)
+
+
 def slca_advantages(
     process_score: Tensor,
     summary_score: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
+    settings: SLCASettings = SLCASettings(),
     *,
     score_total: Tensor | None = None,
     should_call_but_no_call: Tensor | None = None,
-    w_process: float = 1.0,
-    w_summary: float = 1.0,
-    eps: float = 1e-6,
-    norm_by_std: bool = True,
+    reward_weights: Mapping[str, float] | None = None,
 ) -> CreditOutput:
-    """SLCA-GRPO token advantages.
+    """SLCA-GRPO token advantages, with the :class:`SLCASettings` ``settings``.
 
     1. ``s_tool = process``, ``s_sum = summary``.
     2. Omission guard: where ``should_call_but_no_call`` or ``score_total < 0``: ``s_tool = 0``,
        ``s_sum = score_total``.
     3. ``A_tool = Norm_{g(i)}(s_tool)`` over the group's rollouts with a tool segment, ``A_sum`` likewise
        over those with a summary segment; presence guard (< 2 present in a group -> 0); absent -> 0.
-    4. ``A_tool *= w_process``, ``A_sum *= w_summary`` (after normalisation: before, it would cancel).
+    4. ``A_tool *= w_process``, ``A_sum *= w_summary`` (after normalisation: before, it would cancel); a weight
+       set to None is the reward's (``reward_weights``), 1.0 without one (:meth:`SLCASettings.segment_weights`).
     5. ``advantages = tool_mask * A_tool + summary_mask * A_sum`` (0 outside the response mask).
 
     Metrics: ``credit/adv_*`` over learnable tokens, ``credit/tool/adv_*`` and ``credit/summary/adv_*``
@@ -119,9 +148,10 @@ def slca_advantages(
     """
     tool_mask, summary_mask, n_tool, n_sum = segments(response_mask)
     s_tool, s_sum, omitted = omission_guard(process_score, summary_score, score_total, should_call_but_no_call)
+    w_process, w_summary = settings.segment_weights(reward_weights)
 
     def norm(x: Tensor, present: Tensor) -> Tensor:
-        return group_normalize(x, group_ids, present, eps=eps, norm_by_std=norm_by_std)
+        return group_normalize(x, group_ids, present, eps=settings.eps, norm_by_std=settings.norm_by_std)
 
     has_tool = n_tool > 0
     a_tool, a_sum = w_process * norm(s_tool, has_tool), w_summary * norm(s_sum, n_sum > 0)
@@ -209,16 +239,6 @@ def toolpo_process_advantages(
 HIERR_FIX = "use reward=hierr (it returns process, summary and should_call_but_no_call) on a tool task"
 
 
-def segment_weights(batch: RolloutBatch, w_process: float | None, w_summary: float | None
-                    ) -> tuple[float, float]:
-    """SLCA's segment weights ``(w_process, w_summary)``: each as configured, or where None the reward's
-    weight of that part (``batch.reward_weights``, HierR's ``w_process`` / ``w_summary``), 1.0 when the
-    reward has none."""
-    weights = batch.reward_weights
-    return (weights.get("process", 1.0) if w_process is None else w_process,
-            weights.get("summary", 1.0) if w_summary is None else w_summary)
-
-
 def omission_checks(batch: RolloutBatch, keys: tuple[str, ...]) -> dict[str, Tensor]:
     """The :func:`~lit_credit.credit.registry.check_batch` entries of the SLCA family: the reward parts
     ``keys``, the total score (``reward_parts["score"]``, default ``batch.scores``) and the optional
@@ -230,39 +250,29 @@ def omission_checks(batch: RolloutBatch, keys: tuple[str, ...]) -> dict[str, Ten
 
 
 @register("slca")
-class SLCACredit(CreditEstimator):
-    """:func:`slca_advantages` of ``batch.reward_parts["process"]`` and ``["summary"]``.
+@dataclass(frozen=True, kw_only=True)
+class SLCACredit(SLCASettings, CreditEstimator):
+    """:func:`slca_advantages` of ``batch.reward_parts["process"]`` and ``["summary"]``; the estimator is its
+    :class:`SLCASettings` (one keyword argument, and one ``credit.<field>`` key, per field).
 
     The omission guard reads ``reward_parts["score"]`` (default: ``batch.scores``, the total score) and the
     optional ``reward_parts["should_call_but_no_call"]``. ``w_process`` / ``w_summary``: None (default)
-    follows the reward's weights (:func:`segment_weights`), so the segments are weighted as the score is.
+    follows the reward's weights (``batch.reward_weights``), so the segments are weighted as the score is.
     """
-
-    def __init__(
-        self, *, w_process: float | None = None, w_summary: float | None = None, eps: float = 1e-6,
-        norm_by_std: bool = True,
-    ) -> None:
-        self.w_process = w_process
-        self.w_summary = w_summary
-        self.eps = eps
-        self.norm_by_std = norm_by_std
 
     def __call__(self, batch: RolloutBatch) -> CreditOutput:
         parts = batch.reward_parts
         require_parts(batch, ("process", "summary"), credit="slca", fix=HIERR_FIX)
         check_batch(batch, omission_checks(batch, ("process", "summary")))
-        w_process, w_summary = segment_weights(batch, self.w_process, self.w_summary)
         return slca_advantages(
             parts["process"],
             parts["summary"],
             batch.response_mask,
             batch.group_ids,
+            self,
             score_total=parts.get("score", batch.scores),
             should_call_but_no_call=parts.get("should_call_but_no_call"),
-            w_process=w_process,
-            w_summary=w_summary,
-            eps=self.eps,
-            norm_by_std=self.norm_by_std,
+            reward_weights=batch.reward_weights,
         )
 
 

@@ -9,18 +9,19 @@ the summary keeps SLCA's advantage and each tool turn gets a TCPO credit compute
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from lit_credit.credit.groups import group_normalize, zero_group_frac
 from lit_credit.credit.registry import CreditEstimator, check_batch, register, require_parts
-from lit_credit.credit.slca import omission_checks, omission_guard, segment_weights, segments
+from lit_credit.credit.slca import SLCASettings, omission_checks, omission_guard, segments
 from lit_credit.credit.tcpo import (
-    NORMALIZE,
-    PRESETS,
     Normalize,
     Preset,
-    check_choice,
+    TCPOSettings,
     counterfactual_inputs,
     counterfactual_needs,
     tcpo_turn_advantages,
@@ -31,6 +32,27 @@ from lit_credit.credit.tokens import merge_moments, moment_metrics, segment_mome
 from lit_credit.types import CreditOutput, RolloutBatch
 
 
+@dataclass(frozen=True, kw_only=True)
+class SLCATCPOSettings(SLCASettings, TCPOSettings):
+    """SLCA x TCPO's settings, passed whole to :func:`slca_tcpo_advantages`: TCPO's
+    (:class:`~lit_credit.credit.tcpo.TCPOSettings`, for the tool turns) and SLCA's
+    (:class:`~lit_credit.credit.slca.SLCASettings`, the segment weights and the summary's ``norm_by_std``), one
+    ``eps`` for both. :class:`SLCATCPOCredit` is this dataclass, so each field is also the config key
+    ``credit.<field>`` (conf/credit/slca_tcpo.yaml, which a test holds to these fields and defaults).
+
+    Two defaults differ from TCPO's:
+
+    - ``preset``: ``retro_hindsight`` (``tcpo`` adds counterfactual tool turns, ``augment=counterfactual_tool``);
+    - ``normalize``: ``turn_mean_std``, a tool turn's credit centred against the same turn of the group's other
+      rollouts. ``std``, TCPO's default, scales ``c / (std_G c + eps)`` over the group's tool turns without
+      centring, which with ``r0 = 0`` credits every first call its own score: HierR's 0.4 floor for a
+      well-formed single call on a one-call step then gives a worse-than-group first call a positive credit.
+    """
+
+    preset: Preset = "retro_hindsight"
+    normalize: Normalize = "turn_mean_std"
+
+
 def slca_tcpo_advantages(
     tool_scores: Tensor,
     tool_turn_mask: Tensor,
@@ -38,26 +60,16 @@ def slca_tcpo_advantages(
     response_mask: Tensor,
     turn_ids: Tensor,
     group_ids: Tensor,
+    settings: SLCATCPOSettings = SLCATCPOSettings(),
     *,
     score_total: Tensor | None = None,
     should_call_but_no_call: Tensor | None = None,
-    preset: Preset = "retro_hindsight",
-    normalize: Normalize = "turn_mean_std",
     alt_scores: Tensor | None = None,
     cf_mask: Tensor | None = None,
-    w_retro: float = 1.0,
-    w_hind: float = 1.0,
-    w_cf: float = 1.0,
-    tau: float = 1.0,
-    mu: float = 0.1,
-    rho: float = 1.0,
-    r0: float = 0.0,
-    w_process: float = 1.0,
-    w_summary: float = 1.0,
-    eps: float = 1e-6,
-    norm_by_std: bool = True,
+    reward_weights: Mapping[str, float] | None = None,
 ) -> CreditOutput:
-    """Composed token advantages: SLCA on the summary, TCPO turn credit on each tool turn.
+    """Composed token advantages: SLCA on the summary, TCPO turn credit on each tool turn, with the
+    :class:`SLCATCPOSettings` ``settings``.
 
     1. Segments from the mask (:func:`~lit_credit.credit.slca.segment_masks`): the last learnable run is
        the summary, every earlier run (assistant turn k, by ``turn_ids``) is tool turn k.
@@ -69,10 +81,8 @@ def slca_tcpo_advantages(
        ``preset`` (:func:`~lit_credit.credit.tcpo.tcpo_turn_advantages`; default ``retro_hindsight``:
        ``c = w_retro * retro + w_hind * hind``, ``+ w_cf * cf`` with preset ``tcpo`` and ``alt_scores``),
        normalised by ``normalize`` (default ``turn_mean_std``: ``Norm`` of c within each (group, turn index)
-       cell, so a turn is credited against the same turn of the group's other rollouts; ``std``, TCPO's
-       default, scales ``c / (std_G c + eps)`` over the group's tool turns without centring, which with
-       ``r0 = 0`` credits every first call its own score: HierR's 0.4 floor for a well-formed single call on a
-       one-call step then gives a worse-than-group first call a positive credit); ``w_process`` after scaling, as in SLCA.
+       cell); ``w_process`` after scaling, as in SLCA. A segment weight set to None is the reward's
+       (``reward_weights``), 1.0 without one (:meth:`~lit_credit.credit.slca.SLCASettings.segment_weights`).
     5. ``advantages = tool_mask * A_turn[i, turn_ids] + summary_mask * A_sum`` (0 outside the response mask).
 
     Reduction: with one tool turn per rollout whose score is the rollout's process score and turn credit
@@ -93,11 +103,11 @@ def slca_tcpo_advantages(
     tool_mask, summary_mask, n_tool, n_sum = segments(response_mask)
     mask = tool_turn_mask.bool()
     s_turn, s_sum, omitted = omission_guard(tool_scores, summary_score, score_total, should_call_but_no_call)
-    a_sum = w_summary * group_normalize(s_sum, group_ids, n_sum > 0, eps=eps, norm_by_std=norm_by_std)
-    a_turn = w_process * tcpo_turn_advantages(
-        s_turn, mask, group_ids, preset=preset, normalize=normalize, alt_scores=alt_scores, cf_mask=cf_mask,
-        w_retro=w_retro, w_hind=w_hind, w_cf=w_cf, tau=tau, mu=mu, rho=rho, r0=r0, eps=eps,
-    )
+    w_process, w_summary = settings.segment_weights(reward_weights)
+    a_sum = w_summary * group_normalize(s_sum, group_ids, n_sum > 0, eps=settings.eps,
+                                        norm_by_std=settings.norm_by_std)
+    a_turn = w_process * tcpo_turn_advantages(s_turn, mask, group_ids, settings, alt_scores=alt_scores,
+                                              cf_mask=cf_mask)
     tokens = turns_to_tokens(a_turn, turn_ids, tool_mask)  # tool tokens off the K turns get 0
     tool = token_moments(tokens, n_tool.sum())
     summary = segment_moments(a_sum, n_sum)
@@ -110,57 +120,23 @@ def slca_tcpo_advantages(
         "credit/tool_present_frac": true_frac(mask.any(1)),
         "credit/tool_turns": mask.sum(1).float().mean().item(),
         "credit/summary/zero_variance_group_frac": zero_group_frac(a_sum, group_ids),
-        **turn_credit_metrics(a_turn, s_turn, mask, tau, r0),
+        **turn_credit_metrics(a_turn, s_turn, mask, settings.tau, settings.r0),
     }
     return CreditOutput(tokens, {"turn": a_turn, "summary": a_sum}, metrics)
 
 
 @register("slca_tcpo")
-class SLCATCPOCredit(CreditEstimator):
+@dataclass(frozen=True, kw_only=True)
+class SLCATCPOCredit(SLCATCPOSettings, CreditEstimator):
     """:func:`slca_tcpo_advantages` of the reward's per-turn tool scores ``batch.turn_parts["tool_scores"]``
     and ``["tool_turn_mask"]`` ([B, K], from :class:`~lit_credit.rewards.HierRReward`), its parts
     ``reward_parts["summary"]``, the omission inputs ``["score"]`` (default ``batch.scores``) and
     ``["should_call_but_no_call"]``, and, when the preset uses counterfactuals (:attr:`needs`), TCPO's
     ``batch.extras["alt_scores"]`` / ``["cf_mask"]`` (added by ``augment=counterfactual_tool``).
 
-    TCPO's settings as in :class:`~lit_credit.credit.TCPOCredit` (default preset ``retro_hindsight``;
-    default ``normalize="turn_mean_std"``, centred per turn index, where TCPO's own default is ``std``), plus
-    SLCA's segment weights (None: the reward's, :func:`~lit_credit.credit.slca.segment_weights`) and
-    ``norm_by_std`` of the summary.
+    The estimator is its :class:`SLCATCPOSettings` (one keyword argument, and one ``credit.<field>`` key, per
+    field); segment weights set to None follow the reward's (``batch.reward_weights``).
     """
-
-    def __init__(
-        self,
-        *,
-        preset: Preset = "retro_hindsight",
-        normalize: Normalize = "turn_mean_std",
-        w_retro: float = 1.0,
-        w_hind: float = 1.0,
-        w_cf: float = 1.0,
-        tau: float = 1.0,
-        mu: float = 0.1,
-        rho: float = 1.0,
-        r0: float = 0.0,
-        w_process: float | None = None,
-        w_summary: float | None = None,
-        eps: float = 1e-6,
-        norm_by_std: bool = True,
-    ) -> None:
-        check_choice("preset", preset, PRESETS)
-        check_choice("normalize", normalize, NORMALIZE)
-        self.preset = preset
-        self.normalize = normalize
-        self.w_retro = w_retro
-        self.w_hind = w_hind
-        self.w_cf = w_cf
-        self.tau = tau
-        self.mu = mu
-        self.rho = rho
-        self.r0 = r0
-        self.w_process = w_process
-        self.w_summary = w_summary
-        self.eps = eps
-        self.norm_by_std = norm_by_std
 
     @property
     def needs(self) -> frozenset[str]:
@@ -181,7 +157,6 @@ class SLCATCPOCredit(CreditEstimator):
         tool_scores = (turns["tool_scores"], turns["tool_turn_mask"])
         check_batch(batch, {"batch.turn_parts['tool_scores']": tool_scores, **omission_checks(batch, ("summary",)),
                             **alt_check})
-        w_process, w_summary = segment_weights(batch, self.w_process, self.w_summary)
         return slca_tcpo_advantages(
             turns["tool_scores"],
             turns["tool_turn_mask"],
@@ -189,21 +164,10 @@ class SLCATCPOCredit(CreditEstimator):
             batch.response_mask,
             batch.turn_ids,
             batch.group_ids,
+            self,
             score_total=parts.get("score", batch.scores),
             should_call_but_no_call=parts.get("should_call_but_no_call"),
-            preset=self.preset,
-            normalize=self.normalize,
             alt_scores=alt,
             cf_mask=cf_mask,
-            w_retro=self.w_retro,
-            w_hind=self.w_hind,
-            w_cf=self.w_cf,
-            tau=self.tau,
-            mu=self.mu,
-            rho=self.rho,
-            r0=self.r0,
-            w_process=w_process,
-            w_summary=w_summary,
-            eps=self.eps,
-            norm_by_std=self.norm_by_std,
+            reward_weights=batch.reward_weights,
         )

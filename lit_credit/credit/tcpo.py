@@ -10,6 +10,7 @@ from 1). Maintained and regressed turns exist only when an episode can go on aft
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
@@ -134,33 +135,66 @@ def select_counterfactual_turns(
     return (rank < top_l).view_as(mask) & mask
 
 
+@dataclass(frozen=True, kw_only=True)
+class TCPOSettings:
+    """TCPO's settings, passed whole to :func:`tcpo_turn_advantages`. :class:`TCPOCredit` is this dataclass, so
+    each field is also the config key ``credit.<field>`` (conf/credit/tcpo.yaml, which a test holds to these
+    fields and defaults): a setting is added here and in the YAML file, nowhere else.
+
+    - ``preset``: the rung of the ablation ladder (:func:`tcpo_turn_advantages`): ``trajectory`` (GRPO on the
+      final score), ``turn`` (each turn's score against the same turn of the group), ``diff`` (score
+      differences), ``retro`` (retrospective credit), ``retro_hindsight`` (+ hindsight), ``tcpo`` (+ the
+      counterfactual term, from the alternatives an augmenter adds).
+    - ``normalize``: how the credit c of ``diff`` / ``retro`` / ``retro_hindsight`` / ``tcpo`` becomes the
+      advantage: ``std`` (scaled by the group's std, not centred), ``mean_std`` (centred over the group's
+      reached turns), ``turn_mean_std`` (centred within group and turn index) or ``none``; ``trajectory`` and
+      ``turn`` ignore it.
+    - ``w_retro``, ``w_hind``, ``w_cf``: the weights of the retrospective, hindsight and counterfactual terms
+      in c.
+    - ``tau``: the success threshold, a score ``>= tau`` is a success (:func:`retrospective_credit`).
+    - ``mu``: the bonus of a kept success (best so far and score both ``>= tau``).
+    - ``rho``: the cost per point lost after a success.
+    - ``r0``: the reference score of the first turn (its best so far, and ``diff``'s previous score).
+    - ``eps``: added to every std divided by.
+
+    An unknown ``preset`` or ``normalize`` is a ``ValueError`` at construction naming ``credit.preset`` /
+    ``credit.normalize`` and the valid values.
+    """
+
+    preset: Preset = "tcpo"
+    normalize: Normalize = "std"
+    w_retro: float = 1.0
+    w_hind: float = 1.0
+    w_cf: float = 1.0
+    tau: float = 1.0
+    mu: float = 0.1
+    rho: float = 1.0
+    r0: float = 0.0
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        check_choice("credit.preset", self.preset, PRESETS)
+        check_choice("credit.normalize", self.normalize, NORMALIZE)
+
+
 def tcpo_turn_advantages(
     scores: Tensor,
     turn_mask: Tensor,
     group_ids: Tensor,
+    settings: TCPOSettings = TCPOSettings(),
     *,
-    preset: Preset = "tcpo",
     alt_scores: Tensor | None = None,
     cf_mask: Tensor | None = None,
-    w_retro: float = 1.0,
-    w_hind: float = 1.0,
-    w_cf: float = 1.0,
-    normalize: Normalize = "std",
-    tau: float = 1.0,
-    mu: float = 0.1,
-    rho: float = 1.0,
-    r0: float = 0.0,
-    eps: float = 1e-6,
 ) -> Tensor:
-    """Turn advantages ``A[i, k]`` along the ablation ladder.
+    """Turn advantages ``A[i, k]`` along the ablation ladder, with the :class:`TCPOSettings` ``settings``.
 
     Presets:
       - ``trajectory``: GRPO on the final score, ``A[i, k] = Norm_{g(i)}(r[i, last])`` on every reached turn.
       - ``turn``: ``A[i, k] = Norm_{g(i), k}(r[i, k])``, normalised within group and turn index.
       - ``diff``: ``c = r[i, k] - r[i, k-1]`` (``r[i, -1] = r0``).
       - ``retro``: ``c = w_retro * retro``; ``retro_hindsight``: ``+ w_hind * hind``;
-        ``tcpo``: ``+ w_cf * cf`` (cf = 0 without ``alt_scores``), see :func:`retrospective_credit`,
-        :func:`hindsight_credit`, :func:`counterfactual_credit`.
+        ``tcpo``: ``+ w_cf * cf`` (cf = 0 without ``alt_scores``), see :func:`retrospective_credit` (with
+        ``tau``, ``mu``, ``rho``, ``r0``), :func:`hindsight_credit`, :func:`counterfactual_credit`.
     The ``c`` of diff / retro / retro_hindsight / tcpo is then normalised (``trajectory`` and ``turn`` are
     normalised by definition and ignore ``normalize``):
       - ``std``: ``A = c / (std_G c + eps)``, G the group's reached turns (unbiased std, no centring, so
@@ -173,8 +207,7 @@ def tcpo_turn_advantages(
         alt_scores: [B, K, M] (NaN where not sampled), cf_mask: [B, K] bool. Output: [B, K], 0 on turns
         not reached.
     """
-    check_choice("preset", preset, PRESETS)
-    check_choice("normalize", normalize, NORMALIZE)
+    preset, normalize, eps = settings.preset, settings.normalize, settings.eps
     mask = turn_mask.bool()
     scores = torch.where(mask, scores, 0)
     n_turns = scores.shape[1]
@@ -185,13 +218,14 @@ def tcpo_turn_advantages(
     if preset == "turn":
         return group_normalize(scores, _turn_cells(group_ids, n_turns), mask, eps=eps)
     if preset == "diff":
-        c = scores - torch.cat([scores.new_full((len(scores), 1), r0), scores[:, :-1]], 1)
+        c = scores - torch.cat([scores.new_full((len(scores), 1), settings.r0), scores[:, :-1]], 1)
     else:
-        c = w_retro * retrospective_credit(scores, mask, tau=tau, mu=mu, rho=rho, r0=r0)
+        c = settings.w_retro * retrospective_credit(
+            scores, mask, tau=settings.tau, mu=settings.mu, rho=settings.rho, r0=settings.r0)
         if preset in ("retro_hindsight", "tcpo"):
-            c = c + w_hind * hindsight_credit(scores, mask, group_ids)
+            c = c + settings.w_hind * hindsight_credit(scores, mask, group_ids)
         if preset == "tcpo" and alt_scores is not None:
-            c = c + w_cf * counterfactual_credit(scores, alt_scores, cf_mask)
+            c = c + settings.w_cf * counterfactual_credit(scores, alt_scores, cf_mask)
     rollout_group = group_ids[:, None].expand_as(mask)
     if normalize == "std":
         _, std, count = group_stats(c, rollout_group, mask)
@@ -297,8 +331,10 @@ def counterfactual_inputs(batch: RolloutBatch, needs: frozenset[str], *, credit:
 
 
 @register("tcpo")
-class TCPOCredit(CreditEstimator):
-    """:func:`tcpo_turn_advantages` of ``batch.turn_scores`` spread onto the tokens by ``batch.turn_ids``.
+@dataclass(frozen=True, kw_only=True)
+class TCPOCredit(TCPOSettings, CreditEstimator):
+    """:func:`tcpo_turn_advantages` of ``batch.turn_scores`` spread onto the tokens by ``batch.turn_ids``; the
+    estimator is its :class:`TCPOSettings` (one keyword argument, and one ``credit.<field>`` key, per field).
 
     Reads ``batch.turn_scores``, ``turn_mask``, ``turn_ids``, ``group_ids`` and, when the preset uses
     counterfactuals (:attr:`needs`), ``batch.extras["alt_scores"]`` ([B, K, M]) and
@@ -309,33 +345,6 @@ class TCPOCredit(CreditEstimator):
     turns (see :func:`turn_types`) and
     ``credit/turn/{k}/adv_mean`` by turn index.
     """
-
-    def __init__(
-        self,
-        *,
-        preset: Preset = "tcpo",
-        normalize: Normalize = "std",
-        w_retro: float = 1.0,
-        w_hind: float = 1.0,
-        w_cf: float = 1.0,
-        tau: float = 1.0,
-        mu: float = 0.1,
-        rho: float = 1.0,
-        r0: float = 0.0,
-        eps: float = 1e-6,
-    ) -> None:
-        check_choice("preset", preset, PRESETS)
-        check_choice("normalize", normalize, NORMALIZE)
-        self.preset = preset
-        self.normalize = normalize
-        self.w_retro = w_retro
-        self.w_hind = w_hind
-        self.w_cf = w_cf
-        self.tau = tau
-        self.mu = mu
-        self.rho = rho
-        self.r0 = r0
-        self.eps = eps
 
     @property
     def needs(self) -> frozenset[str]:
@@ -352,11 +361,7 @@ class TCPOCredit(CreditEstimator):
             batch, self.needs, credit="tcpo", fix="augment=counterfactual (TCPO's resampled alternatives), "
             "or credit.preset=retro_hindsight / credit.w_cf=0 (no counterfactual term)")
         check_batch(batch, {"batch.turn_scores": (scores, mask), **alt_check})
-        adv = tcpo_turn_advantages(
-            scores, mask, batch.group_ids, preset=self.preset, alt_scores=alt, cf_mask=cf_mask,
-            w_retro=self.w_retro, w_hind=self.w_hind, w_cf=self.w_cf, normalize=self.normalize, tau=self.tau,
-            mu=self.mu, rho=self.rho, r0=self.r0, eps=self.eps,
-        )
+        adv = tcpo_turn_advantages(scores, mask, batch.group_ids, self, alt_scores=alt, cf_mask=cf_mask)
         tokens = turns_to_tokens(adv, batch.turn_ids, batch.response_mask)
         metrics = moment_metrics(token_moments(tokens, batch.response_mask.sum()))
         metrics |= turn_credit_metrics(adv, scores, mask, self.tau, self.r0)

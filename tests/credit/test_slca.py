@@ -18,6 +18,7 @@ from lit_credit.credit import (
     toolpo_advantages,
     toolpo_process_advantages,
 )
+from lit_credit.credit.slca import SLCASettings
 
 from .common import (
     DEVICES,
@@ -105,14 +106,14 @@ def test_weights_apply_after_normalisation():
     # w_process 2, w_summary 0.5 on the anchor: tool +-2 * 0.70710428, summary +-0.5 * 0.70710428
     # (weights applied before Norm would cancel: Norm(2x) = Norm(x) up to eps)
     mask = t([[1, 0, 1]] * 2, torch.float32)
-    out = slca_advantages(t([0.8, 0.4]), t([0.9, 0.5]), mask, ids([0, 0]), w_process=2.0, w_summary=0.5)
+    out = slca_advantages(t([0.8, 0.4]), t([0.9, 0.5]), mask, ids([0, 0]), SLCASettings(w_process=2.0, w_summary=0.5))
     a = INV_SQRT2
     torch.testing.assert_close(out.advantages, t([[2 * a, 0, 0.5 * a], [-2 * a, 0, -0.5 * a]]))
 
 
 def test_dr_grpo_variant_only_centres():
     # norm_by_std False on the anchor: tool [0.8, 0.4] - 0.6 = +-0.2, summary [0.9, 0.5] - 0.7 = +-0.2
-    out = slca_advantages(t([0.8, 0.4]), t([0.9, 0.5]), t([[1, 0, 1]] * 2), ids([0, 0]), norm_by_std=False)
+    out = slca_advantages(t([0.8, 0.4]), t([0.9, 0.5]), t([[1, 0, 1]] * 2), ids([0, 0]), SLCASettings(norm_by_std=False))
     torch.testing.assert_close(out.advantages, t([[0.2, 0, 0.2], [-0.2, 0, -0.2]]))
 
 
@@ -168,7 +169,7 @@ def test_zero_process_weight_silences_the_tool_segment():
     # official test_zero_process_weight_silences_the_process_segment: the two-segment mask, process [0.8, 0.4],
     # summary [0.9, 0.5], w_process 0: A_tool = 0 * (+-0.70710428) = 0 on every tool token; A_sum = +-0.70710428
     mask = t([[0, 1, 1, 0, 0, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0, 1, 1, 1, 0]], torch.float32)
-    out = slca_advantages(t([0.8, 0.4]), t([0.9, 0.5]), mask, ids([0, 0]), w_process=0.0)
+    out = slca_advantages(t([0.8, 0.4]), t([0.9, 0.5]), mask, ids([0, 0]), SLCASettings(w_process=0.0))
     a = INV_SQRT2
     assert out.parts["tool"].tolist() == [0.0, 0.0]
     expected = t([[0, 0, 0, 0, 0, a, a, a, 0, 0], [0, 0, 0, 0, 0, 0, -a, -a, -a, 0]])
@@ -293,7 +294,7 @@ def test_registered_classes_read_reward_parts():
     process, summary = t([0.8, 0.4, 0.9]), t([0.9, 0.5, 0.7])
     batch = _batch(process, summary, mask, ids([1, 1, 1]), score=t([1.7, 0.9, -0.5]))
     want = slca_advantages(
-        process, summary, mask, ids([1, 1, 1]), score_total=t([1.7, 0.9, -0.5]), w_summary=2.0
+        process, summary, mask, ids([1, 1, 1]), SLCASettings(w_summary=2.0), score_total=t([1.7, 0.9, -0.5])
     )
     torch.testing.assert_close(SLCACredit(w_summary=2.0)(batch).advantages, want.advantages)
     # without reward_parts["score"] the omission guard reads batch.scores (here process + summary, all >= 0)
@@ -321,6 +322,10 @@ def test_segment_weights_none_follow_the_reward_weights():
                                t([[2 * a, 0, 0.5 * a], [-2 * a, 0, -0.5 * a]]), rtol=0, atol=1e-6)
     torch.testing.assert_close(SLCACredit(w_summary=3.0)(batch).advantages,
                                t([[2 * a, 0, 3 * a], [-2 * a, 0, -3 * a]]), rtol=0, atol=1e-6)
+    # the function resolves them the same way from the reward's weights it is given
+    direct = slca_advantages(t([0.8, 0.4]), t([0.9, 0.5]), mask, ids([0, 0]), SLCASettings(w_summary=3.0),
+                             score_total=batch.scores, reward_weights=batch.reward_weights)
+    torch.testing.assert_close(direct.advantages, SLCACredit(w_summary=3.0)(batch).advantages, rtol=0, atol=0)
 
 
 # --- loop reference vs vectorised ---------------------------------------------------------------------
@@ -339,7 +344,7 @@ def test_matches_loop_reference(seed):
     flag = torch.rand(b, generator=g) < 0.2
     score = torch.where(flag, -0.5, process + summary)
     out = slca_advantages(
-        process, summary, mask, gids, score_total=score, should_call_but_no_call=flag, w_process=0.7
+        process, summary, mask, gids, SLCASettings(w_process=0.7), score_total=score, should_call_but_no_call=flag
     )
     adv, a_tool, a_sum = ref_slca(process, summary, mask, gids, score, flag, w_process=0.7)
     torch.testing.assert_close(out.advantages, adv)

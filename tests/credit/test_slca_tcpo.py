@@ -2,7 +2,7 @@
 reduction."""
 
 import math
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
 
 import pytest
 import torch
@@ -10,6 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lit_credit.credit import SLCATCPOCredit, get, slca_advantages, slca_tcpo_advantages
+from lit_credit.credit.slca import SLCASettings
+from lit_credit.credit.slca_tcpo import SLCATCPOSettings
 
 from .common import DTYPES, PROPS, TOL, build_runs, ids, make_batch, run_layouts, t
 
@@ -57,7 +59,7 @@ def test_two_tool_turns_table(dtype):
     scores = t([[1.0, 1.0], [1.0, 0.5], [0.5, 0.5]], dtype)
     summary = t([0.9, 0.5, 0.7], dtype)
     out = slca_tcpo_advantages(scores, turn_mask(tool_turns, 2), summary, mask.to(dtype), turn_ids, ids([0, 0, 0]),
-                               normalize="std")
+                               SLCATCPOSettings(normalize="std"))
     std = math.sqrt(0.535) + EPS
     c = [[7 / 6, 13 / 30], [7 / 6, -2 / 3], [1 / 6, -1 / 6]]
     turn_adv = [[x / std for x in row] for row in c]
@@ -88,7 +90,7 @@ def test_three_tool_turns_table_with_unequal_lengths_and_a_singleton_group(dtype
     scores = t([[0.5, 1.0, 1.0], [1.0, 0.0, 0.0], [0.8, 0.0, 0.0]], dtype)
     summary = t([0.6, 0.2, 0.9], dtype)
     out = slca_tcpo_advantages(scores, turn_mask(tool_turns, 3), summary, mask.to(dtype), turn_ids, ids([0, 0, 1]),
-                               normalize="std")
+                               SLCATCPOSettings(normalize="std"))
     std = math.sqrt(1.067) + EPS
     turn_adv = [[0.5 / std, 1.0 / std, 0.1 / std], [1.0 / std, -1.5 / std, 0.0], [0.0, 0.0, 0.0]]
     s = 0.2 / (math.sqrt(0.08) + EPS)
@@ -117,7 +119,7 @@ def test_default_centres_the_first_turn_so_a_worse_first_call_is_not_credited_po
     scores, summary = t([[0.4], [0.4], [1.0]], dtype), t([0.5, 0.5, 0.5], dtype)
     args = (scores, turn_mask(tool_turns, 1), summary, mask.to(dtype), turn_ids, ids([0, 0, 0]))
     std = math.sqrt(0.48) + EPS
-    uncentred = slca_tcpo_advantages(*args, normalize="std").parts["turn"]
+    uncentred = slca_tcpo_advantages(*args, SLCATCPOSettings(normalize="std")).parts["turn"]
     torch.testing.assert_close(uncentred, t([[0.2 / std], [0.2 / std], [1.4 / std]], dtype), **TOL[dtype])
     assert (uncentred[:2] > 0).all()  # worse than the group's mean score (0.6), credited positive
     centred = slca_tcpo_advantages(*args).parts["turn"]
@@ -135,9 +137,12 @@ def test_w_process_scales_turn_credit_and_w_summary_the_summary():
     mask, turn_ids = layout(tool_turns)
     args = (t([[1.0, 0.0], [0.0, 1.0]]), turn_mask(tool_turns, 2), t([0.9, 0.1]), mask.double(), turn_ids, ids([0, 0]))
     base = slca_tcpo_advantages(*args)
-    scaled = slca_tcpo_advantages(*args, w_process=0.5, w_summary=2.0)
+    scaled = slca_tcpo_advantages(*args, SLCATCPOSettings(w_process=0.5, w_summary=2.0))
     torch.testing.assert_close(scaled.parts["turn"], 0.5 * base.parts["turn"])
     torch.testing.assert_close(scaled.parts["summary"], 2.0 * base.parts["summary"])
+    # weights left None (the default) are the reward's where given, else 1.0
+    from_reward = slca_tcpo_advantages(*args, reward_weights={"process": 0.5, "summary": 2.0})
+    torch.testing.assert_close(from_reward.advantages, scaled.advantages, rtol=0, atol=0)
 
 
 def test_omission_zeroes_the_tool_turns_and_puts_the_score_on_the_summary():
@@ -146,7 +151,8 @@ def test_omission_zeroes_the_tool_turns_and_puts_the_score_on_the_summary():
     mask, turn_ids = layout(tool_turns)
     scores = t([[0.4], [0.9]])
     out = slca_tcpo_advantages(scores, turn_mask(tool_turns, 1), t([0.5, 0.5]), mask.double(), turn_ids, ids([0, 0]),
-                               score_total=t([0.9, -0.5]), should_call_but_no_call=t([0.0, 1.0]), preset="trajectory")
+                               SLCATCPOSettings(preset="trajectory"), score_total=t([0.9, -0.5]),
+                               should_call_but_no_call=t([0.0, 1.0]))
     # trajectory: Norm([0.4, 0]) = +-0.2 / (sqrt(0.08) + eps); summary Norm([0.5, -0.5]) = +-0.5 / (sqrt(.5) + eps)
     a = 0.2 / (math.sqrt(0.08) + EPS)
     b = 0.5 / (math.sqrt(0.5) + EPS)
@@ -163,8 +169,8 @@ def test_counterfactual_preset_adds_w_cf_times_the_fixed_history_gap():
     alt = torch.full((2, 2, 2), float("nan"), dtype=torch.float64)
     alt[0, 1] = t([1.0, 0.0])  # r0 turn 1: r = 0.5, alternatives' mean 0.5 -> cf = 0
     alt[1, 0] = t([0.5, 0.0])  # r1 turn 0: r = 1.0, alternatives' mean 0.25 -> cf = 0.75, times w_cf = 2 -> 1.5
-    plain = slca_tcpo_advantages(*args, normalize="none")
-    with_cf = slca_tcpo_advantages(*args, normalize="none", preset="tcpo", alt_scores=alt, w_cf=2.0)
+    plain = slca_tcpo_advantages(*args, SLCATCPOSettings(normalize="none"))
+    with_cf = slca_tcpo_advantages(*args, SLCATCPOSettings(normalize="none", preset="tcpo", w_cf=2.0), alt_scores=alt)
     torch.testing.assert_close(with_cf.parts["turn"] - plain.parts["turn"], t([[0.0, 0.0], [1.5, 0.0]]))
 
 
@@ -182,10 +188,11 @@ def test_one_tool_turn_and_turn_credit_off_is_slca_exactly(layout_, data):
     flag = t(data.draw(st.lists(st.sampled_from([0.0, 1.0]), min_size=b, max_size=b)))
     has_tool = torch.tensor([len(r) == 2 for r in rows])
     w = data.draw(st.sampled_from([1.0, 0.7]))
-    kw = dict(score_total=total, should_call_but_no_call=flag, w_process=w, w_summary=2.0 - w)
-    slca = slca_advantages(process, summary, mask.double(), ids(gids), **kw)
+    kw = dict(score_total=total, should_call_but_no_call=flag)
+    slca = slca_advantages(process, summary, mask.double(), ids(gids), SLCASettings(w_process=w, w_summary=2.0 - w),
+                           **kw)
     both = slca_tcpo_advantages(process[:, None], has_tool[:, None], summary, mask.double(), runs, ids(gids),
-                                preset="trajectory", **kw)
+                                SLCATCPOSettings(preset="trajectory", w_process=w, w_summary=2.0 - w), **kw)
     torch.testing.assert_close(both.advantages, slca.advantages, rtol=0, atol=0)
     torch.testing.assert_close(both.parts["summary"], slca.parts["summary"], rtol=0, atol=0)
 
@@ -208,9 +215,10 @@ def test_estimator_reads_the_turn_parts_and_is_registered():
                                   batch.response_mask, batch.turn_ids, batch.group_ids, score_total=t([1.0, 1.0]),
                                   should_call_but_no_call=t([0.0, 0.0]))
     torch.testing.assert_close(credit(batch).advantages, direct.advantages)
-    credit.note = "a new attribute"  # attributes are not forwarded as keyword arguments
-    torch.testing.assert_close(credit(batch).advantages, direct.advantages)
-    with pytest.raises(ValueError, match="unknown preset"):
+    assert isinstance(credit, SLCATCPOSettings) and credit == SLCATCPOCredit()  # the estimator is its settings
+    with pytest.raises(FrozenInstanceError):
+        credit.note = "a new attribute"  # frozen: it computes with its fields and nothing else
+    with pytest.raises(ValueError, match=r"unknown credit\.preset 'segment'"):
         SLCATCPOCredit(preset="segment")
 
 
@@ -230,9 +238,9 @@ def test_missing_turn_parts_and_extras_name_the_field_and_the_fix():
     batch.extras = {"alt_scores": t([[[1.0, 0.0]], [[float("nan"), float("nan")]]]),
                     "cf_mask": torch.tensor([[True], [False]])}
     direct = slca_tcpo_advantages(batch.turn_parts["tool_scores"], batch.turn_parts["tool_turn_mask"], t([0, 0]),
-                                  batch.response_mask, batch.turn_ids, batch.group_ids, score_total=t([1.0, 1.0]),
-                                  preset="tcpo", alt_scores=batch.extras["alt_scores"],
-                                  cf_mask=batch.extras["cf_mask"])
+                                  batch.response_mask, batch.turn_ids, batch.group_ids,
+                                  SLCATCPOSettings(preset="tcpo"), score_total=t([1.0, 1.0]),
+                                  alt_scores=batch.extras["alt_scores"], cf_mask=batch.extras["cf_mask"])
     torch.testing.assert_close(counterfactual(batch).advantages, direct.advantages)
 
 

@@ -1,15 +1,22 @@
 """TCPO turn credit: retrospective, hindsight, counterfactual, presets, normalisation, turn types."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
+from hydra.utils import instantiate
 from hypothesis import given
 from hypothesis import strategies as st
+from omegaconf import OmegaConf
 
 from lit_credit.credit import (
+    SLCACredit,
+    SLCATCPOCredit,
     TCPOCredit,
+    available,
     counterfactual_credit,
+    get,
     hindsight_credit,
     retrospective_credit,
     select_counterfactual_turns,
@@ -17,7 +24,8 @@ from lit_credit.credit import (
     turn_types,
     turns_to_tokens,
 )
-from lit_credit.credit.tcpo import PRESETS, TURN_TYPES
+from lit_credit.credit.tcpo import PRESETS, TURN_TYPES, TCPOSettings
+from lit_credit.train import CONF_DIR
 
 from .common import (
     DEVICES,
@@ -180,7 +188,7 @@ PAIR_MASK = bools([[M, M], [M, M]])
 
 def test_presets_ladder_on_a_pair():
     def run(preset, **kw):
-        return tcpo_turn_advantages(PAIR, PAIR_MASK, ids([0, 0]), preset=preset, **kw)
+        return tcpo_turn_advantages(PAIR, PAIR_MASK, ids([0, 0]), TCPOSettings(preset=preset, **kw))
 
     # trajectory: final scores [1, 1] -> zero variance -> 0 everywhere
     torch.testing.assert_close(run("trajectory"), t([[0, 0], [0, 0]]))
@@ -218,15 +226,15 @@ def test_tcpo_full_on_the_group():
     alt[0, 0] = t([0.0, 0.4])
     alt[1, 1, 0] = 1.0
     c = t([[8 / 15, 1, 0.3], [-2 / 3, -1.0, 0], [4 / 3, 0, 0]])
-    kw = dict(alt_scores=alt, w_cf=0.5)
+    args = (t(GROUP_SCORES), bools(GROUP_MASK), ids([1] * 3))
     torch.testing.assert_close(
-        tcpo_turn_advantages(t(GROUP_SCORES), bools(GROUP_MASK), ids([1] * 3), normalize="none", **kw), c
+        tcpo_turn_advantages(*args, TCPOSettings(w_cf=0.5, normalize="none"), alt_scores=alt), c
     )
     # std over the 6 reached turns: mean (8/15 + 1 + 0.3 - 2/3 - 1 + 4/3) / 6 = 1.5 / 6 = 0.25,
     #   sum of squares 0.28444 + 1 + 0.09 + 0.44444 + 1 + 1.77778 = 4.59667, var (4.59667 - 6 * 0.0625) / 5 = 0.84433
     var = (sum(x * x for x in (8 / 15, 1, 0.3, 2 / 3, 1, 4 / 3)) - 6 * 0.25**2) / 5
     assert var == pytest.approx(0.844333, abs=1e-6)
-    out = tcpo_turn_advantages(t(GROUP_SCORES), bools(GROUP_MASK), ids([1] * 3), **kw)
+    out = tcpo_turn_advantages(*args, TCPOSettings(w_cf=0.5), alt_scores=alt)
     torch.testing.assert_close(out, c / (var**0.5 + 1e-6))
     assert out[0, 1] > 0 and out[1, 0] < 0  # improvements stay positive, failures negative (no centring)
 
@@ -234,7 +242,7 @@ def test_tcpo_full_on_the_group():
 def test_std_presence_guard_and_absent_turns():
     # a group with a single reached turn in total -> 0; the other group is normalised; unreached turns -> 0
     scores, mask = t([[1.0, 5.0], [0.3, 0.0], [0.9, 0.0]]), bools([[M, _], [M, _], [M, _]])
-    out = tcpo_turn_advantages(scores, mask, ids([0, 1, 1]), preset="retro")
+    out = tcpo_turn_advantages(scores, mask, ids([0, 1, 1]), TCPOSettings(preset="retro"))
     # group 1: retro [0.3, 0.9] (m = r0 = 0), std sqrt(0.3^2 + 0.3^2) = sqrt(0.18) = 0.42426407
     #   -> [0.3, 0.9] / (0.42426407 + 1e-6); group 0 (one reached turn) -> 0
     s = 0.18**0.5 + 1e-6
@@ -296,8 +304,10 @@ def test_registered_class():
     torch.testing.assert_close(with_cf.parts["turn"], t([[1, 1], [1, 0.1]]))  # cf = 0 - (-1) = 1
     masked = _batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids, alt_scores=alt, cf_mask=bools([[_, _], [_, _]]))
     torch.testing.assert_close(TCPOCredit(normalize="none")(masked).parts["turn"], t([[0, 1], [1, 0.1]]))
-    with pytest.raises(ValueError, match="preset"):
+    with pytest.raises(ValueError, match=r"unknown credit\.preset 'nope'; valid: trajectory, turn, diff"):
         TCPOCredit(preset="nope")
+    with pytest.raises(ValueError, match=r"unknown credit\.normalize 'z'; valid: std, mean_std"):
+        TCPOSettings(normalize="z")
 
 
 # --- loop reference vs vectorised ---------------------------------------------------------------------
@@ -320,7 +330,7 @@ def test_matches_loop_reference(seed):
     scores, mask, gids, alt, g = _random_turns(seed)
     torch.testing.assert_close(retrospective_credit(scores, mask), ref_retro(scores, mask))
     torch.testing.assert_close(hindsight_credit(scores, mask, gids), ref_hind(scores, mask, gids))
-    out = tcpo_turn_advantages(scores, mask, gids, alt_scores=alt, w_hind=0.5, w_cf=2.0)
+    out = tcpo_turn_advantages(scores, mask, gids, TCPOSettings(w_hind=0.5, w_cf=2.0), alt_scores=alt)
     torch.testing.assert_close(out, ref_tcpo(scores, mask, gids, alt, w=(1.0, 0.5, 2.0)))
     surprisal = torch.randint(0, 4, scores.shape, generator=g).double()
     for top_l in (1, 3):
@@ -360,12 +370,13 @@ def test_property_permutation_relabelling_and_masking(dtype, data, seed, labels)
     scores = scores.to(dtype)
     perm = torch.randperm(len(gids), generator=torch.Generator().manual_seed(seed))
     for preset in PRESETS:
-        out = tcpo_turn_advantages(scores, mask, gids, preset=preset)
+        settings = TCPOSettings(preset=preset)
+        out = tcpo_turn_advantages(scores, mask, gids, settings)
         assert out.dtype == dtype and (out[~mask] == 0).all()
         torch.testing.assert_close(
-            tcpo_turn_advantages(scores[perm], mask[perm], gids[perm], preset=preset), out[perm]
+            tcpo_turn_advantages(scores[perm], mask[perm], gids[perm], settings), out[perm]
         )
-        torch.testing.assert_close(tcpo_turn_advantages(scores, mask, ids(labels)[gids], preset=preset), out)
+        torch.testing.assert_close(tcpo_turn_advantages(scores, mask, ids(labels)[gids], settings), out)
 
 
 @PROPS
@@ -393,8 +404,8 @@ def test_property_group_shift_invariance(dtype, data, shift):
     )
     for preset in ("turn", "trajectory"):
         torch.testing.assert_close(
-            tcpo_turn_advantages(moved, mask, gids, preset=preset),
-            tcpo_turn_advantages(scores, mask, gids, preset=preset),
+            tcpo_turn_advantages(moved, mask, gids, TCPOSettings(preset=preset)),
+            tcpo_turn_advantages(scores, mask, gids, TCPOSettings(preset=preset)),
             **tol,
         )
 
@@ -434,16 +445,16 @@ def test_retro_equals_diff_when_episodes_stop_at_success():
     # Before the first success every 0/1 score is 0, so m = r_prev and [r - m]_+ = r - r_prev; no turn has
     # m >= tau, so mu and rho never act: retro == diff, the reason stop-at-success episodes cannot test TCPO.
     scores, mask, gids = t(STOPPED), bools(STOPPED_MASK), ids([0] * 4)
-    retro = tcpo_turn_advantages(scores, mask, gids, preset="retro", normalize="none")
-    diff = tcpo_turn_advantages(scores, mask, gids, preset="diff", normalize="none")
+    retro = tcpo_turn_advantages(scores, mask, gids, TCPOSettings(preset="retro", normalize="none"))
+    diff = tcpo_turn_advantages(scores, mask, gids, TCPOSettings(preset="diff", normalize="none"))
     torch.testing.assert_close(retro, diff)
     torch.testing.assert_close(retro, t([[1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]]))
 
 
 def test_retro_differs_from_diff_by_the_mu_and_rho_terms_after_success():
     scores, mask, gids = t(CONTINUE), bools([[M] * 3] * 4), ids([0] * 4)
-    retro = tcpo_turn_advantages(scores, mask, gids, preset="retro", normalize="none")
-    diff = tcpo_turn_advantages(scores, mask, gids, preset="diff", normalize="none")
+    retro = tcpo_turn_advantages(scores, mask, gids, TCPOSettings(preset="retro", normalize="none"))
+    diff = tcpo_turn_advantages(scores, mask, gids, TCPOSettings(preset="diff", normalize="none"))
     # m = best before: KEPT [0, 1, 1], LOST [0, 1, 1], FLIP [0, 0, 1], LATE [0, 0, 0].
     # retro = [r - m]_+ + 0.1 * 1[m >= 1, r >= 1] - 1 * 1[m >= 1] * [m - r]_+:
     #   KEPT [1, 0 + 0.1, 0 + 0.1]; LOST [1, -1, -1]; FLIP [0, 1, -1]; LATE [0, 0, 1].
@@ -499,3 +510,46 @@ def test_needs_the_counterfactuals_only_when_they_count():
     some = _batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids, alt_scores=t([[[-1.0], [NAN]], [[NAN], [NAN]]]),
                   cf_mask=bools([[M, _], [_, _]]))
     torch.testing.assert_close(TCPOCredit(w_cf=0.0)(some).advantages, want, rtol=0, atol=0)
+
+
+# --- settings: one dataclass per estimator family, passed whole, one config key per field ------------------
+# TCPOCredit is TCPOSettings, SLCACredit SLCASettings, SLCATCPOCredit SLCATCPOSettings (both families): a setting
+# is a dataclass field plus its line in conf/credit/<name>.yaml, which the test below holds to the fields.
+DATACLASS_ESTIMATORS = [name for name in available() if dataclasses.is_dataclass(get(name))]
+
+
+def test_the_settings_families_are_dataclasses():
+    assert {"tcpo", "slca", "slca_tcpo"} <= set(DATACLASS_ESTIMATORS)
+
+
+@pytest.mark.parametrize("name", DATACLASS_ESTIMATORS)
+def test_the_conf_file_lists_every_setting_with_its_default(name):
+    cls = get(name)
+    conf = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "credit" / f"{name}.yaml"))
+    assert conf.pop("_target_") == f"lit_credit.credit.{cls.__name__}"
+    assert conf == {f.name: f.default for f in dataclasses.fields(cls)}
+
+
+@pytest.mark.parametrize(("overrides", "want"), [
+    (["credit=tcpo", "credit.preset=turn", "credit.eps=0.5"], TCPOCredit(preset="turn", eps=0.5)),
+    (["credit=slca_tcpo", "credit.normalize=std", "credit.w_process=0.5"],
+     SLCATCPOCredit(normalize="std", w_process=0.5)),
+    (["credit=slca", "credit.norm_by_std=false"], SLCACredit(norm_by_std=False)),
+], ids=["tcpo", "slca_tcpo", "slca"])
+def test_a_credit_override_reaches_the_estimators_field(make_cfg, overrides, want):
+    credit = instantiate(make_cfg(*overrides).credit)
+    assert type(credit) is type(want) and credit == want
+
+
+def test_the_estimator_is_its_settings():
+    # the estimator passes itself whole: same result as the function with the same settings, bit for bit
+    turn_ids = torch.tensor([[-1, 0, -1, 1, 1], [-1, 0, -1, 1, -1]])
+    batch = _batch(PAIR, PAIR_MASK, ids([0, 0]), turn_ids)
+    credit = TCPOCredit(preset="turn", eps=1e-3)
+    assert isinstance(credit, TCPOSettings) and hash(credit) == hash(TCPOCredit(preset="turn", eps=1e-3))
+    want = tcpo_turn_advantages(PAIR, PAIR_MASK, ids([0, 0]), TCPOSettings(preset="turn", eps=1e-3))
+    torch.testing.assert_close(credit(batch).parts["turn"], want, rtol=0, atol=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        credit.preset = "tcpo"  # frozen: what it was built with is what it computes
+    with pytest.raises(TypeError):
+        TCPOSettings("turn")  # keyword-only, as every estimator's arguments
