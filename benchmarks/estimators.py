@@ -158,8 +158,10 @@ class Case:
     def make(self) -> credit.CreditEstimator:
         return credit.get(self.estimator)(**self.kwargs)
 
-    def reference(self, batch: RolloutBatch) -> torch.Tensor:
-        return loop.REFERENCES[self.estimator](batch, **self.kwargs)
+    def reference(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """The loop reference's advantages on ``batch``; None for an estimator registered without one."""
+        fn = loop.reference_of(self.estimator)
+        return None if fn is None else fn(batch, **self.kwargs)
 
 
 def _tool_cf(batch: RolloutBatch) -> RolloutBatch:
@@ -176,20 +178,23 @@ def toolpo_parts(batch: RolloutBatch, *, seed: int = 3) -> RolloutBatch:
     return replace(batch, reward_parts={**batch.reward_parts, "solved": solved, "toolpo_correct_ratio": ratio})
 
 
-CASES = [
-    Case("grpo", "grpo", {}),
-    Case("dr_grpo", "dr_grpo", {}),
-    Case("rloo", "rloo", {}),
+SHIPPED_CASES = [
     Case("dpa", "dpa", {}, dpa_pairs),
-    Case("mt_grpo", "mt_grpo", {}),
-    Case("slca", "slca", {}),
     Case("toolpo", "toolpo", {}, toolpo_parts),
-    Case("toolpo_process", "toolpo_process", {}),
     Case("tcpo", "tcpo", {"preset": "retro_hindsight"}),  # = preset tcpo without counterfactuals (cf = 0)
     Case("tcpo+cf", "tcpo", {"preset": "tcpo"}, with_counterfactual),
     Case("slca_tcpo", "slca_tcpo", {}),  # default preset retro_hindsight
     Case("slca_tcpo+cf", "slca_tcpo", {"preset": "tcpo"}, _tool_cf),
 ]
+
+
+def cases() -> list[Case]:
+    """Every registered estimator's benchmark cases: those of :data:`SHIPPED_CASES` (estimators that need other
+    inputs than :func:`synthetic_batch`, or more than their defaults), and one case with its defaults on the
+    synthetic batch for each other registered estimator, a new one included, in registry order."""
+    listed = {case.estimator for case in SHIPPED_CASES}
+    defaults = [Case(name, name, {}) for name in credit.available() if name not in listed]
+    return sorted(defaults + SHIPPED_CASES, key=lambda case: (case.estimator, case.name))
 
 
 # --- timing -------------------------------------------------------------------------------------------
@@ -267,7 +272,7 @@ def run(
                    "floor_s": fl, "floor_min_s": min(floors), "floor_ratio": est / fl,
                    "floor_ratio_of_mins": min(times) / min(floors), "loop_s": None, "loop_rows": None,
                    "loop_scaled": False, "loop_ratio": None, "loop_floor_ratio": None, "loop_max_abs_diff": None}
-            if not (skip_slow_loop and rows < b):
+            if not (skip_slow_loop and rows < b) and loop.reference_of(case.estimator) is not None:
                 sub = batch if rows == b else batch.select(torch.arange(rows))
                 ref = case.reference(sub)
                 row["loop_max_abs_diff"] = (ref - estimator(sub).advantages).abs().max().item()
@@ -337,7 +342,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch.set_num_threads (default: $OMP_NUM_THREADS, else torch's default)")
     parser.add_argument("--estimators", default=None,
-                        help=f"comma-separated subset of: {', '.join(c.name for c in CASES)}")
+                        help=f"comma-separated subset of: {', '.join(c.name for c in cases())}")
     parser.add_argument("--loop-rows", type=int, default=1024,
                         help="time the loop reference on at most this many rows and scale linearly to B "
                              "(0: always the full batch)")
@@ -348,16 +353,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or torch.get_num_threads()
     torch.set_num_threads(threads)
-    cases = CASES
+    chosen = cases()
     if args.estimators:
         wanted = args.estimators.split(",")
-        unknown = sorted(set(wanted) - {c.name for c in CASES})
+        unknown = sorted(set(wanted) - {c.name for c in chosen})
         if unknown:
-            parser.error(f"unknown estimators {unknown}; valid: {', '.join(c.name for c in CASES)}")
-        cases = [c for c in CASES if c.name in wanted]
-    missing = sorted(set(credit.available()) - {c.estimator for c in CASES})
-    if missing:
-        print(f"warning: registered estimators without a benchmark case: {missing}", file=sys.stderr)
+            parser.error(f"unknown estimators {unknown}; valid: {', '.join(c.name for c in chosen)}")
+        chosen = [c for c in chosen if c.name in wanted]
 
     info = machine()
     print(f"# credit estimators: {info['cpu_model']}, {info['cores']} cores, torch {info['torch']}, "
@@ -368,7 +370,7 @@ def main(argv: list[str] | None = None) -> dict:
              if args.loop_rows > 0 else "calls on all rows")
           + ("; skipped where that would be needed" if args.skip_slow_loop else ""))
     start = time.perf_counter()
-    results = run(args.sizes, cases, repeats=args.repeats, loop_rows=args.loop_rows,
+    results = run(args.sizes, chosen, repeats=args.repeats, loop_rows=args.loop_rows,
                   skip_slow_loop=args.skip_slow_loop, log=lambda s: print(s, file=sys.stderr, flush=True))
     elapsed = time.perf_counter() - start
     print()

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 from torch import Tensor
 
+from lit_credit.credit import registration
 from lit_credit.types import RolloutBatch
 
 
@@ -320,3 +321,18 @@ REFERENCES = {
     "tcpo": tcpo,
     "slca_tcpo": slca_tcpo,
 }
+
+
+def reference_of(name: str) -> Callable[..., Tensor] | None:
+    """The loop reference of the estimator registered as ``name``: the shipped estimators' from
+    :data:`REFERENCES`, a new one's from its registration (``register(name, loop_reference=fn)``); None when its
+    registration says why it has none (``without_loop_reference``). An estimator with neither raises KeyError
+    naming the fix."""
+    entry = registration(name)
+    if name in REFERENCES:
+        return REFERENCES[name]
+    if entry.loop_reference is None and entry.without_loop_reference is None:
+        raise KeyError(f"credit estimator {name!r} has no loop reference; fix: register it with "
+                       f"@register({name!r}, loop_reference=fn), fn(batch, **kwargs) -> [B, T] a per-rollout "
+                       f"Python loop of the same formula, or with without_loop_reference='why not'")
+    return entry.loop_reference

@@ -12,12 +12,13 @@ from benchmarks import estimators as bench
 from benchmarks import loop_reference as loop
 from lit_credit import credit
 
-CASES = {case.name: case for case in bench.CASES}
+CASES = {case.name: case for case in bench.cases()}
 
 
 def test_every_registered_estimator_is_benchmarked():
-    assert {case.estimator for case in bench.CASES} == set(credit.available())
-    assert set(loop.REFERENCES) == set(credit.available())
+    assert {case.estimator for case in CASES.values()} == set(credit.available())
+    assert set(loop.REFERENCES) == set(credit.available())  # every shipped estimator has its loop here
+    assert all(loop.reference_of(name) is loop.REFERENCES[name] for name in credit.available())
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -25,6 +26,9 @@ def test_every_registered_estimator_is_benchmarked():
 def test_loop_reference_equals_estimator(name, seed):
     # 6 groups of 8 (DPA: 24 pairs), up to 4 turns, ties and singleton presences come up at this size.
     case = CASES[name]
+    why = credit.registration(case.estimator).without_loop_reference
+    if why is not None:
+        pytest.skip(f"{case.estimator} is registered without a loop reference: {why}")
     batch = case.prepare(bench.synthetic_batch(48, 40, seed=seed))
     want = case.make()(batch).advantages
     got = case.reference(batch)

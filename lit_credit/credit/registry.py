@@ -1,14 +1,22 @@
 """Credit estimators by name.
 
 An estimator is a small plain class with keyword-only, type-hinted ``__init__`` arguments stored as
-attributes, so Hydra (``_target_: lit_credit.credit.GRPOCredit``) and LightningCLI
-(``class_path: lit_credit.credit.GRPOCredit``) build the same object. Calling it on a
+attributes (or a dataclass of its settings), so Hydra (``_target_: lit_credit.credit.GRPOCredit``) and
+LightningCLI (``class_path: lit_credit.credit.GRPOCredit``) build the same object. Calling it on a
 :class:`~lit_credit.types.RolloutBatch` returns a :class:`~lit_credit.types.CreditOutput`.
+
+``@register(name)`` is the one place an estimator is named: ``conf/credit/<name>.yaml`` must carry the same name
+(a test holds every config to its registered class), ``get(name)`` and the benchmarks find it by it, and every
+module of ``lit_credit.credit`` is imported with the package, so a new file registers itself. The registration
+also says how the estimator is checked against a plain loop: ``loop_reference=fn`` (a per-rollout Python loop of
+the same formula, ``fn(batch, **kwargs) -> [B, T]``) or ``without_loop_reference="why"``; the shipped estimators'
+loops are in ``benchmarks/loop_reference.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 import torch
@@ -20,30 +28,63 @@ from lit_credit.types import RolloutBatch
 MAX_LISTED_ROWS = 10
 
 
-_REGISTRY: dict[str, type[CreditEstimator]] = {}
+@dataclass(frozen=True)
+class Registration:
+    """What ``@register`` recorded of an estimator: its class and how it is checked against a plain loop
+    (``loop_reference``, or the reason it has none, ``without_loop_reference``; both None for the shipped
+    estimators, whose loops ``benchmarks/loop_reference.py`` holds)."""
+
+    cls: type[CreditEstimator]
+    loop_reference: Callable[..., Tensor] | None = None
+    without_loop_reference: str | None = None
+
+
+_REGISTRY: dict[str, Registration] = {}
 _E = TypeVar("_E", bound=type[CreditEstimator])
 
 
-def register(name: str) -> Callable[[_E], _E]:
-    """Class decorator: make ``get(name)`` return the class. A name can be registered once."""
+def register(name: str, *, loop_reference: Callable[..., Tensor] | None = None,
+             without_loop_reference: str | None = None) -> Callable[[_E], _E]:
+    """Class decorator: make ``get(name)`` return the class. A name can be registered once, and is a Python
+    identifier (it is the config's file name, ``credit=<name>``). ``loop_reference`` / ``without_loop_reference``:
+    see the module docstring (at most one of them)."""
+    if not name.isidentifier():
+        raise ValueError(f"credit estimator name {name!r}: must be a Python identifier (it names "
+                         f"conf/credit/<name>.yaml), e.g. {name.replace('-', '_').replace('.', '_')!r}")
+    if loop_reference is not None and without_loop_reference is not None:
+        raise ValueError(f"credit estimator {name!r}: give loop_reference or without_loop_reference, not both")
 
     def add(cls: _E) -> _E:
         if name in _REGISTRY:
             raise ValueError(
-                f"credit estimator {name!r} is already registered ({_REGISTRY[name].__qualname__})"
+                f"credit estimator {name!r} is already registered ({_REGISTRY[name].cls.__qualname__})"
             )
-        _REGISTRY[name] = cls
+        _REGISTRY[name] = Registration(cls, loop_reference, without_loop_reference)
         return cls
 
     return add
 
 
-def get(name: str) -> type[CreditEstimator]:
-    """The estimator class registered as ``name``; a miss raises KeyError listing the valid names."""
+def registration(name: str) -> Registration:
+    """What ``@register(name)`` recorded; a miss raises KeyError listing the valid names."""
     try:
         return _REGISTRY[name]
     except KeyError:
         raise KeyError(f"unknown credit estimator {name!r}; valid names: {', '.join(available())}") from None
+
+
+def get(name: str) -> type[CreditEstimator]:
+    """The estimator class registered as ``name``; a miss raises KeyError listing the valid names."""
+    return registration(name).cls
+
+
+def name_of(cls: type[CreditEstimator]) -> str:
+    """The name ``cls`` is registered under; KeyError when it is not registered."""
+    for name, entry in _REGISTRY.items():
+        if entry.cls is cls:
+            return name
+    raise KeyError(f"{cls.__qualname__} is not a registered credit estimator; fix: decorate it with "
+                   "@lit_credit.credit.register(name)")
 
 
 def available() -> list[str]:

@@ -7,7 +7,7 @@ not depend on where the blocks fall, and the metrics built from moments must equ
 import pytest
 import torch
 
-from benchmarks.estimators import CASES, synthetic_batch
+from benchmarks.estimators import cases, synthetic_batch
 from lit_credit.credit import tokens as token_passes
 from lit_credit.credit import turns_to_tokens
 from lit_credit.credit.slca import segments
@@ -86,9 +86,9 @@ def test_segments_counts_by_hand():
 def test_estimators_do_not_depend_on_the_blocks(monkeypatch, block_tokens):
     # one row per block, blocks of a few rows, and one block: the advantages are bitwise the same
     batch = synthetic_batch(24, 96, seed=3)
-    whole = {case.name: case.make()(case.prepare(batch)) for case in CASES}
+    whole = {case.name: case.make()(case.prepare(batch)) for case in cases()}
     monkeypatch.setattr(token_passes, "BLOCK_TOKENS", block_tokens)
-    for case in CASES:
+    for case in cases():
         out = case.make()(case.prepare(batch))
         assert torch.equal(out.advantages, whole[case.name].advantages), case.name
         assert out.metrics == pytest.approx(whole[case.name].metrics, rel=1e-6, abs=1e-9), case.name
@@ -97,7 +97,7 @@ def test_estimators_do_not_depend_on_the_blocks(monkeypatch, block_tokens):
 def test_token_metrics_equal_the_token_statistics():
     # credit/adv_* is the mean, population std and max |a| over the learnable tokens
     batch = synthetic_batch(32, 64, seed=4)
-    for case in CASES:
+    for case in cases():
         out = case.make()(case.prepare(batch))
         a = out.advantages[batch.response_mask.bool()].double()
         want = {"credit/adv_mean": a.mean().item(), "credit/adv_std": a.std(correction=0).item(),
