@@ -100,7 +100,8 @@ class RolloutDataModule(L.LightningDataModule):
     never in the dataloader, because Lightning prefetches the next batch (that would be one step
     off-policy). Group ids are minted here, one per prompt per call, from a running counter. The sampling
     itself is the experience layer's (:attr:`experience`, a :class:`~lit_credit.rollout.Experience`: engine
-    retries through ``engine_retry``, failure counts, sleep / wake, scoring; a reward that raises scores 0 and
+    retries through ``engine_retry``, failure counts, sleep / wake, the chat codec that writes prompts' tools with
+    the task's ``tool_prompt``, scoring; a reward that raises scores 0 and
     non-finite reward values become 0, each counted in ``backend/reward/{errors,nonfinite}``).
 
     Resumable: the train loader is a :class:`PromptStream`; ``state_dict`` (saved in every Lightning
@@ -148,7 +149,7 @@ class RolloutDataModule(L.LightningDataModule):
         env = task.environment()
         self.experience = Experience(engine if engine is not None else HFEngine(), env, reward, sampling,
                                      max_turns if max_turns is not None else env.max_turns, engine_retry,
-                                     max_feedback_tokens)
+                                     max_feedback_tokens, task.tool_prompt)
         self.val_sampling = val_sampling or SamplingParams(n=1, greedy=True, max_new_tokens=sampling.max_new_tokens,
                                                            stop=sampling.stop)
         self.val_samples, self.val_success = val_samples, val_success

@@ -4,6 +4,10 @@ Bottom to top, each is what one layer offers the next:
 
 - :class:`RolloutEngine` (rollout): token prompts in, sampled :class:`~lit_credit.types.Completion` s out;
 - :class:`Environment` (tasks): answers one assistant turn with :class:`~lit_credit.types.Feedback`;
+- :class:`ToolPrompt` (tasks): the text that offers a prompt's tools to the policy, which the chat codec and the
+  embedded chat template write;
+- :class:`Demonstrations` (tasks): what the SFT warm start reads of a task (gold conversations, the tokenizer's
+  corpus);
 - :class:`Reward` (rewards): one finished episode in, a :class:`~lit_credit.types.RewardResult` out;
 - :class:`CreditEstimator` (credit): a :class:`~lit_credit.types.RolloutBatch` in, token advantages out;
 - :class:`Sampler` (rollout): the experience layer as augmenters and games see it: every generation of a
@@ -11,7 +15,8 @@ Bottom to top, each is what one layer offers the next:
 - :class:`Augmenter` (rollout): adds experience a credit estimator needs to a scored batch (TCPO's
   counterfactual alternatives);
 - :class:`Actor` and :class:`Game` (tasks): a multi-role game the module drives; the actor callback samples
-  one role's replies (the module switches that role's adapter in);
+  one role's replies (the module switches that role's adapter in); the game returns a
+  :class:`~lit_credit.types.GameRecord`;
 - :class:`MetricSet` (analysis): a method's rollout metrics of a batch.
 
 Concrete classes need not inherit from these Protocols (but :class:`CreditEstimator`, an ABC whose
@@ -20,12 +25,20 @@ Concrete classes need not inherit from these Protocols (but :class:`CreditEstima
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from lit_credit.types import Completion, CreditOutput, Feedback, RewardResult, RolloutBatch, SamplingParams
+from lit_credit.types import (
+    Completion,
+    CreditOutput,
+    Feedback,
+    GameRecord,
+    RewardResult,
+    RolloutBatch,
+    SamplingParams,
+)
 
 Messages = list[dict[str, str]]
 
@@ -72,6 +85,38 @@ class Environment(Protocol):
 
 
 @runtime_checkable
+class ToolPrompt(Protocol):
+    """How a task's prompts offer their tools (:attr:`lit_credit.tasks.Task.tool_prompt`).
+
+    ``text(tools)`` is the system message that lists ``tools`` (JSON schemas) and tells the policy how to call
+    them; ``instruction`` is its last part, the how. The chat codec writes ``text(tools)`` itself for a chat
+    template that ignores ``tools`` (:class:`~lit_credit.models.ChatCodec`); the embedded chat template
+    (:func:`~lit_credit.models.tokenizer.chat_template`) lists the tools itself, ``<tools>``, one
+    ``name(arg: type, ...) - description`` line per tool, ``</tools>``, then ``instruction``: a task whose prompts
+    the embedded policy reads writes that same text.
+    """
+
+    instruction: str
+
+    def text(self, tools: Sequence[dict[str, Any]]) -> str: ...
+
+
+@runtime_checkable
+class Demonstrations(Protocol):
+    """What the SFT warm start of the embedded policy reads of a task (:class:`~lit_credit.models.EmbeddedPolicy`):
+    its ``name`` (of the cache directory), gold conversations (dicts with ``messages`` and optional ``tools``) to
+    train on, the text the tokenizer is trained on, and the :class:`ToolPrompt` the chat template ends its tool
+    list with. Every :class:`~lit_credit.tasks.Task` is one."""
+
+    name: str
+    tool_prompt: ToolPrompt
+
+    def demonstrations(self, num: int, seed: int) -> Iterable[dict[str, Any]]: ...
+
+    def corpus(self, num: int = 2000) -> Iterable[str]: ...
+
+
+@runtime_checkable
 class Reward(Protocol):
     """Scores one episode. ``replies`` are the assistant turns' texts, in order; ``tool_responses`` are
     the environment's answers the policy saw (tool outputs, in order), for rewards that judge their use;
@@ -92,7 +137,8 @@ class Reward(Protocol):
 class CreditEstimator(ABC):
     """``RolloutBatch -> CreditOutput``: per-token advantages, zero wherever ``response_mask == 0``.
 
-    A small plain class with keyword-only, type-hinted ``__init__`` arguments stored as attributes, so Hydra
+    A small plain class with keyword-only, type-hinted ``__init__`` arguments stored as attributes, or a frozen,
+    keyword-only dataclass of its settings (TCPO's and SLCA's: one settings object per family), so Hydra
     (``_target_``) and LightningCLI (``class_path``) build the same object. Every estimator first runs
     :func:`~lit_credit.credit.registry.check_batch` on the fields it reads, so an empty batch, a field with the
     wrong number of rows or a NaN / inf input is a ``ValueError`` naming the field, never NaN credit.
@@ -161,14 +207,15 @@ class Actor(Protocol):
 class Game(Protocol):
     """A multi-role game a task offers (DPA-GRPO's verifier / reviser / approver game on a form line).
 
-    ``play`` takes the step's scored proposals and an :class:`Actor`, and returns the game's record: which
-    role acted how, each role's action sequences with their rewards, and metrics. ``training=False`` plays
-    the validation game (no exploration, no choice among revisions). A game holds no model: testable with a
-    scripted actor and no Trainer."""
+    ``play`` takes the step's scored proposals and an :class:`Actor`, and returns the game's record (a
+    :class:`~lit_credit.types.GameRecord`): each role's action sequences with their rewards, each decision's case,
+    and the round's metrics. ``training=False`` plays the validation game (no exploration, no choice among
+    revisions). A game holds no model: testable with a scripted actor and no Trainer."""
 
     roles: tuple[str, ...]
 
-    def play(self, proposals: RolloutBatch, actor: Actor, sampling: SamplingParams, training: bool) -> Any: ...
+    def play(self, proposals: RolloutBatch, actor: Actor, sampling: SamplingParams, training: bool
+             ) -> GameRecord: ...
 
 
 @runtime_checkable
@@ -180,5 +227,5 @@ class MetricSet(Protocol):
     def __call__(self, batch: RolloutBatch, stage: str, context: Mapping[str, Any]) -> dict[str, float]: ...
 
 
-__all__ = ["Actor", "Augmenter", "CreditEstimator", "Environment", "Game", "Messages", "MetricSet", "Reward",
-           "RolloutEngine", "Sampler"]
+__all__ = ["Actor", "Augmenter", "CreditEstimator", "Demonstrations", "Environment", "Game", "Messages", "MetricSet",
+           "Reward", "RolloutEngine", "Sampler", "ToolPrompt"]

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from lit_credit.checkpoint import atomic_checkpoints, atomic_write
 from lit_credit.config import check_config
 from lit_credit.distributed import LAUNCH_VARIABLES, claim_run_dir
+from lit_credit.quiet import default_progress_bar, quiet
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 log = logging.getLogger(__name__)
@@ -25,7 +26,8 @@ log = logging.getLogger(__name__)
 
 def build(cfg: DictConfig) -> tuple[L.LightningModule, L.LightningDataModule, L.Trainer]:
     """Check ``cfg`` (:func:`~lit_credit.config.check_config`), then instantiate the module, the DataModule and
-    the Trainer (with its logger and callbacks; checkpoints written atomically).
+    the Trainer (with its logger and callbacks, and :class:`~lit_credit.quiet.StepProgressBar` as its default
+    progress bar; checkpoints written atomically).
 
     The policy source (``cfg.model``) is built and prepared (:meth:`~lit_credit.models.PolicySource.prepare`:
     the embedded policy's SFT warm start on a cold cache) before the module, which receives that same source
@@ -39,6 +41,7 @@ def build(cfg: DictConfig) -> tuple[L.LightningModule, L.LightningDataModule, L.
     module = instantiate(cfg.method, policy=source)
     # Entries without a _target_ are settings left by an overlay for a callback that is switched off.
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
+    callbacks += default_progress_bar(callbacks, cfg.trainer.get("enable_progress_bar"))
     logger = instantiate(cfg.logger) if cfg.get("logger") else False
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
     atomic_checkpoints(trainer)
@@ -122,10 +125,16 @@ def hydra_flags(args: list[str]) -> list[str]:
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Claim the run directory (the leading rank writes the run's record; the others join it), build everything
-    from ``cfg``, optionally validate once (not when resuming), fit; returns the final logged metrics."""
+    from ``cfg``, optionally validate once (not when resuming), fit; returns the final logged metrics.
+
+    Dependencies' messages that are not about the run are filtered first (:func:`~lit_credit.quiet.quiet`); the
+    leading rank logs the run directory at the start and the final metrics at the end."""
+    quiet()
     ckpt_path = resume_path(cfg)
     output_dir = Path(cfg.paths.output_dir)
     leader = claim_run_dir(output_dir, ckpt_path is not None)
+    if leader:
+        log.info("run directory: %s", output_dir.resolve())
     if leader and HydraConfig.initialized():
         record_config(cfg, output_dir)
     with launch_scope():

@@ -1,4 +1,5 @@
-"""Shared records passed between rollout, credit, losses and methods.
+"""Shared records passed between tasks, rollout, credit, losses and methods (a game's :class:`GameRecord` and its
+:class:`RoleActions` included, so a method reads a game's round without importing the task).
 
 Shapes: ``B`` rollouts, ``T`` tokens (prompt + response, right-padded), ``K`` turns.
 """
@@ -204,6 +205,68 @@ class CreditTrace:
     advantages: Tensor
     cases: Tensor | None = None
     ranks: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Action:
+    """A canonical action of a game role as the role emits it: ``text``, then the end of the turn (``ends_turn``:
+    DPA's NS, KEEP, REVISE, the reviser's keep text) or a newline (SAC, which goes on with its challenge line)."""
+
+    text: str
+    ends_turn: bool = True
+
+
+@dataclass
+class RoleActions:
+    """One role's action sequences to train on: row i is ``prompts[i] + actions[i]``.
+
+    role: whose adapter is trained on them (DPA's ``verifier``, ``approver``, ``reviser``).
+    prompts: the prompt ids, as the actor returned them.
+    actions: per row an :class:`Action` (canonical text, tokenised by the rollout layer's chat codec) or a
+        sampled :class:`Completion` (its token ids as sampled).
+    groups: per row its decision (the index of its proposal); pairs share one.
+    rewards: [rows] float, the role reward of each row.
+    paired: rows 2n, 2n+1 are both actions of one decision (pair credit); else a GRPO group per decision.
+    temperature: the temperature of the rows' log-probs (1 for scored actions).
+    sampled: the actions are the role's samples at ``temperature`` and keep their behaviour log-probs; else they
+        are scored actions (behaviour log-probs 0), a sampled one included (the reviser's revise text).
+    weight: [rows] loss weight (the approver's rarity weight), or None (1).
+    adv_bonus: [rows] added to each row's advantage (``revise_bonus_on=advantage``), or None (0).
+    """
+
+    role: str
+    prompts: list[list[int]]
+    actions: list[Action | Completion]
+    groups: list[int]
+    rewards: Tensor
+    paired: bool
+    temperature: float = 1.0
+    sampled: bool = False
+    weight: Tensor | None = None
+    adv_bonus: Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+
+@dataclass
+class GameRecord:
+    """One round of a multi-role game (:meth:`Game.play <lit_credit.interfaces.Game>`): what a method reads of it.
+
+    actions: each set of action sequences to train on, by name in the game's order (DPA's ``verifier``,
+        ``approver``, ``revisions``); None where a set has no rows this round.
+    cases: [N] long, the case of each of the round's N decisions in the game's taxonomy (DPA's, into
+        ``lit_credit.rewards.dpa.CASES``); a decision's rows carry it in the credit trace (:attr:`CreditTrace.cases`).
+
+    A game's own record (the form game's ``FormGameRecord``) adds its fields and its :meth:`metrics`.
+    """
+
+    actions: dict[str, RoleActions | None]
+    cases: Tensor
+
+    def metrics(self, stage: str) -> dict[str, float]:
+        """The round's metrics under ``<stage>/`` (none here; a game's record defines its own)."""
+        return {}
 
 
 def cat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:

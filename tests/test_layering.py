@@ -4,7 +4,8 @@ The layers, bottom to top (docs/design.md, "Layers"). A unit is a subpackage of 
 top-level module of it (``types``), or one of the two sibling packages. A unit may import itself and any unit of
 a LOWER layer; never a higher one, and never another unit of its own layer. Every import counts: module level,
 inside functions, and under ``if TYPE_CHECKING:`` alike (an import that only a type checker runs still ties the
-packages together).
+packages together). A few downward edges are forbidden as well (``FORBIDDEN``): the policy, the sampling and the
+methods never import a task; what they need of one comes through ``interfaces`` and ``types``.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("lit_credit", "data_modules", "callbacks")
 
 LAYERS: list[tuple[str, ...]] = [
-    ("__init__", "types", "backends", "checkpoint", "config"),  # foundations: records, retries, checkpoint I/O
+    ("__init__", "types", "backends", "checkpoint", "config", "quiet"),  # records, retries, checkpoint I/O, quiet run
     ("distributed",),  # several processes, one run: launch ranks, the run directory's claim, shares, gathers
     ("interfaces",),  # the Protocols of every layer (RolloutEngine, Environment, Reward, CreditEstimator, ...)
     ("credit", "losses"),  # pure tensor math: advantage estimators, policy losses
@@ -32,6 +33,14 @@ LAYER = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 
 # (importing unit, imported unit): why this upward or sideways edge is tolerated for now. Keep it empty.
 ALLOWED: dict[tuple[str, str], str] = {}
+
+# (importing unit, imported unit): why this edge is forbidden although it points down the layers.
+FORBIDDEN: dict[tuple[str, str], str] = {
+    ("models", "tasks"): "the codec and the embedded template take the task's ToolPrompt, the warm start reads "
+                         "Demonstrations (interfaces), handed in by the data module and the config",
+    ("rollout", "tasks"): "role batches are built from the game types in lit_credit.types (Action, RoleActions)",
+    ("methods", "tasks"): "a method reads a game's round as a lit_credit.types.GameRecord (interfaces.Game.play)",
+}
 
 
 def unit_of_file(path: Path) -> str:
@@ -101,6 +110,26 @@ def edges_against_layers() -> list[tuple[str, str, str]]:
 def test_every_import_points_down_the_layers():
     bad = [message for source, target, message in edges_against_layers() if (source, target) not in ALLOWED]
     assert not bad, "imports against the layering (docs/design.md, Layers):\n" + "\n".join(bad)
+
+
+def test_forbidden_edges_are_absent():
+    """No import of lit_credit.tasks from lit_credit/models, lit_credit/rollout or lit_credit/methods."""
+    bad = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            source = unit_of_file(path)
+            for line, module in imported_modules(ast.parse(path.read_text(), str(path)), path):
+                target = unit_of_module(module)
+                if (source, target) in FORBIDDEN:
+                    bad.append(f"{path.relative_to(ROOT)}:{line}: {source} imports {module} "
+                               f"({FORBIDDEN[source, target]})")
+    assert not bad, "imports on a forbidden edge (docs/design.md, Layers):\n" + "\n".join(bad)
+
+
+def test_forbidden_edges_point_down_the_layers():
+    """An edge the layers already forbid does not belong in FORBIDDEN."""
+    redundant = sorted(edge for edge in FORBIDDEN if LAYER[edge[1]] >= LAYER[edge[0]])
+    assert not redundant, f"FORBIDDEN edges the layer order already forbids, remove them: {redundant}"
 
 
 def test_allow_list_names_only_edges_that_exist():

@@ -16,10 +16,8 @@ from lit_credit.interfaces import CreditEstimator, Game, Messages
 from lit_credit.losses import PolicyLoss, masked_mean
 from lit_credit.methods.base import PolicyModule
 from lit_credit.models.policy import PolicySource, is_peft
-from lit_credit.rewards.dpa import CASES
 from lit_credit.rollout.roles import role_batch
-from lit_credit.tasks.form_game import FormGameRecord
-from lit_credit.types import Completion, CreditTrace, RolloutBatch, SamplingParams
+from lit_credit.types import Completion, CreditTrace, GameRecord, RolloutBatch, SamplingParams
 
 
 class DPAGRPOModule(PolicyModule):
@@ -139,7 +137,7 @@ class DPAGRPOModule(PolicyModule):
 
     # ------------------------------------------------------------------------------------------------ a round
     def play(self, rows: list[dict[str, Any]], sampling: SamplingParams | None, training: bool
-             ) -> tuple[RolloutBatch, FormGameRecord]:
+             ) -> tuple[RolloutBatch, GameRecord]:
         """The proposals of ``rows`` under the proposer's adapter (``sampling``; None: the training draw) and the
         game on them: (proposals, the game's record)."""
         data = self.rollouts
@@ -148,7 +146,7 @@ class DPAGRPOModule(PolicyModule):
         proposals = data.generate_experience(rows, sampling)
         return proposals, self.game.play(proposals, self.actor, sampling or data.sampling, training)
 
-    def role_batches(self, record: FormGameRecord) -> dict[str, tuple[RolloutBatch, bool, str]]:
+    def role_batches(self, record: GameRecord) -> dict[str, tuple[RolloutBatch, bool, str]]:
         """The record's role actions as RolloutBatches (:func:`~lit_credit.rollout.roles.role_batch`), by set name
         in the game's order (``verifier``, ``approver``, ``revisions``; empty sets left out): (batch, paired,
         the adapter trained on it)."""
@@ -256,6 +254,3 @@ class DPAGRPOModule(PolicyModule):
         self.use_role("proposer")
         self.log_dict(logs, batch_size=len(rows))
         self.log("val_final", logs["val/final/strict"], prog_bar=True, logger=False, batch_size=len(rows))
-
-
-__all__ = ["CASES", "DPAGRPOModule"]

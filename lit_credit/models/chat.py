@@ -5,28 +5,24 @@ assistant header, every reply ends with the end-of-turn token, and every feedbac
 template writes after that token up to the next assistant header. Concatenated, the pieces are the chat
 template's own rendering of the whole conversation (``tests/models/test_smollm2.py`` checks it on a real
 template): a template's default system prompt is not repeated at a turn boundary, and a template without
-tool support gets the tools in its system message (:func:`with_tools`).
+tool support gets the tools in its system message, as the task's tool prompt writes them (:func:`with_tools`).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from lit_credit.tasks.tool_catalog import SCHEMAS, TOOLS_INSTRUCTION, tool_signature
+from lit_credit.interfaces import ToolPrompt
 
 _SENTINEL = "\x00reply\x00"  # an assistant content no template writes itself, to find where a reply ends
+# A tool to render a probe with: a template has tool support iff passing it changes the rendering.
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe", "description": "A probe.", "parameters": {
+    "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
 
 
-def tools_text(tools: list[dict]) -> str:
-    """The project's tool protocol as text: one signature per tool (:func:`tool_signature`) between
-    ``<tools>`` tags, then the instruction to call them in ``<tool_call>`` tags. The embedded chat template
-    (:data:`~lit_credit.models.tokenizer.CHAT_TEMPLATE`) writes exactly this as its system message."""
-    return "<tools>\n" + "".join(tool_signature(t) + "\n" for t in tools) + "</tools>\n" + TOOLS_INSTRUCTION
-
-
-def with_tools(messages: list[dict[str, str]], tools: list[dict]) -> list[dict[str, str]]:
-    """``messages`` with :func:`tools_text` as the system message, for a chat template that ignores ``tools``
-    (SmolLM2's ChatML): first, or after an existing system message's content."""
-    text = tools_text(tools)
+def with_tools(messages: list[dict[str, str]], tools: list[dict], tool_prompt: ToolPrompt) -> list[dict[str, str]]:
+    """``messages`` with ``tool_prompt.text(tools)`` as the system message, for a chat template that ignores
+    ``tools`` (SmolLM2's ChatML): first, or after an existing system message's content."""
+    text = tool_prompt.text(tools)
     if messages and messages[0]["role"] == "system":
         return [{**messages[0], "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
     return [{"role": "system", "content": text}, *messages]
@@ -34,14 +30,18 @@ def with_tools(messages: list[dict[str, str]], tools: list[dict]) -> list[dict[s
 
 class ChatCodec:
     """Tokenises conversation pieces. ``max_feedback_tokens`` caps the content of each injected message
-    (a tool response, verifier feedback) at that many tokens, marked ``...[truncated]``; None: no cap."""
+    (a tool response, verifier feedback) at that many tokens, marked ``...[truncated]``; None: no cap.
+    ``tool_prompt`` (the task's :attr:`~lit_credit.tasks.Task.tool_prompt`) writes a prompt's tools into its
+    system message where the chat template ignores ``tools`` (:func:`with_tools`); a template that lists tools
+    itself (the embedded one) does not need it."""
 
-    def __init__(self, tokenizer: Any, max_feedback_tokens: int | None = None) -> None:
-        self.tokenizer, self.max_feedback_tokens = tokenizer, max_feedback_tokens
+    def __init__(self, tokenizer: Any, max_feedback_tokens: int | None = None,
+                 tool_prompt: ToolPrompt | None = None) -> None:
+        self.tokenizer, self.max_feedback_tokens, self.tool_prompt = tokenizer, max_feedback_tokens, tool_prompt
         self.eos_id: int = tokenizer.eos_token_id
         self.pad_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        probe = [{"role": "user", "content": "u"}]  # a template has tool support iff ``tools`` change its output
-        self.template_has_tools = self._render(probe, tools=[next(iter(SCHEMAS.values()))]) != self._render(probe)
+        probe = [{"role": "user", "content": "u"}]
+        self.template_has_tools = self._render(probe, tools=[_PROBE_TOOL]) != self._render(probe)
         self._base = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
                       {"role": "assistant", "content": _SENTINEL}]
         head = self._render(self._base)
@@ -61,7 +61,10 @@ class ChatCodec:
 
     def prompt_ids(self, messages: list[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
         if tools and not self.template_has_tools:
-            return self._encode(self._render(with_tools(messages, tools), generation_prompt=True))
+            if self.tool_prompt is None:
+                raise ValueError("the chat template ignores tools and the codec has no tool prompt to write them "
+                                 "with: ChatCodec(tokenizer, tool_prompt=task.tool_prompt)")
+            return self._encode(self._render(with_tools(messages, tools, self.tool_prompt), generation_prompt=True))
         return self._encode(self._render(messages, generation_prompt=True, tools=tools))
 
     def reply_ids(self, text: str) -> list[int]:
@@ -90,6 +93,3 @@ class ChatCodec:
                              "messages follow; the rollout loop needs each turn's text to stay as rendered")
         after = self._after_reply[len(self.tokenizer.eos_token):] if reply_closed else self._after_reply
         return self._encode(after + full[self._base_len:])
-
-    def decode_reply(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -14,16 +14,17 @@ import lightning as L
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from lit_credit.interfaces import Demonstrations
 from lit_credit.models.chat import ChatCodec
 from lit_credit.models.sft import SFTModule, collate_demonstrations, encode_demonstration
 from lit_credit.models.tokenizer import build_tokenizer
-from lit_credit.tasks.base import Task
+from lit_credit.quiet import StepProgressBar
 
 log = logging.getLogger(__name__)
 _RECIPE_VERSION = 1  # bump when the build recipe changes, so stale caches are not reused
 
 
-def _task_identity(task: Task) -> dict:
+def _task_identity(task: Demonstrations) -> dict:
     """The task's settings that shape its demonstrations and corpus (plain values and tuples of them)."""
     def plain(v) -> bool:
         return isinstance(v, (int, float, str, bool)) or (isinstance(v, tuple) and all(map(plain, v)))
@@ -64,8 +65,10 @@ class CachedPolicy:
 class EmbeddedPolicy(CachedPolicy):
     """Builds once, then reuses, an SFT-warm-started tiny policy for ``task`` under ``cache_dir``.
 
-    Recipe: a byte-level BPE tokenizer trained on the task corpus (digits split unless
-    ``split_digits=False``), a Llama decoder (``hidden_size`` x ``num_layers``, tied embeddings), then ``sft_steps`` of supervised training on
+    ``task`` is what the warm start reads of a task (:class:`~lit_credit.interfaces.Demonstrations`, which every
+    :class:`~lit_credit.tasks.Task` is). Recipe: a byte-level BPE tokenizer trained on the task corpus (digits
+    split unless ``split_digits=False``), its chat template ending the tool list with the task's tool prompt, a
+    Llama decoder (``hidden_size`` x ``num_layers``, tied embeddings), then ``sft_steps`` of supervised training on
     the task's gold demonstrations. The directory name hashes the whole recipe; it is written to a
     temporary directory and renamed, so a crash never leaves a half-built cache behind.
 
@@ -73,7 +76,7 @@ class EmbeddedPolicy(CachedPolicy):
     the entry points call before they build the module) is the one step that trains.
     """
 
-    def __init__(self, task: Task, cache_dir: str = ".cache/lit-credit", vocab_size: int = 512,
+    def __init__(self, task: Demonstrations, cache_dir: str = ".cache/lit-credit", vocab_size: int = 512,
                  hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4, intermediate_size: int = 384,
                  max_positions: int = 1024, sft_steps: int = 150, sft_batch_size: int = 32, sft_lr: float = 3e-3,
                  split_digits: bool = True, seed: int = 0) -> None:
@@ -99,7 +102,7 @@ class EmbeddedPolicy(CachedPolicy):
         with torch.random.fork_rng():
             torch.manual_seed(r["seed"])
             tokenizer = build_tokenizer(self.task.corpus(), vocab_size=r["vocab_size"],
-                                        split_digits=r["split_digits"])
+                                        split_digits=r["split_digits"], tool_prompt=self.task.tool_prompt)
             config = LlamaConfig(
                 vocab_size=len(tokenizer), hidden_size=r["hidden_size"], intermediate_size=r["intermediate_size"],
                 num_hidden_layers=r["num_layers"], num_attention_heads=r["num_heads"],
@@ -116,7 +119,7 @@ class EmbeddedPolicy(CachedPolicy):
 
     def _sft(self, model: torch.nn.Module, tokenizer) -> None:
         r = self.recipe
-        codec = ChatCodec(tokenizer)
+        codec = ChatCodec(tokenizer, tool_prompt=self.task.tool_prompt)
         demos = [encode_demonstration(codec, d)
                  for d in self.task.demonstrations(r["sft_steps"] * r["sft_batch_size"], seed=r["seed"] + 1)]
         loader = torch.utils.data.DataLoader(
@@ -125,5 +128,6 @@ class EmbeddedPolicy(CachedPolicy):
             generator=torch.Generator().manual_seed(r["seed"]),
         )
         trainer = L.Trainer(max_steps=r["sft_steps"], accelerator="cpu", devices=1, logger=False,
-                            enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0)
+                            enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+                            callbacks=[StepProgressBar("SFT warm start")])
         trainer.fit(SFTModule(model, lr=r["sft_lr"], total_steps=r["sft_steps"]), loader)

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from lit_credit.tasks.tool_catalog import TOOLS_INSTRUCTION
+from lit_credit.interfaces import ToolPrompt
 
 PAD, BOS_TURN, EOS_TURN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, BOS_TURN, EOS_TURN]
@@ -14,10 +14,9 @@ SPECIAL_TOKENS = [PAD, BOS_TURN, EOS_TURN]
 TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
 # Hermes / Qwen2.5 layout. A "tool" message is rendered as a user turn holding a <tool_response> block.
-# Tools are listed as one-line signatures (:func:`~lit_credit.tasks.tool_catalog.tool_signature`), not JSON
-# schemas: a tiny policy reads every prompt's tools, and the signature says the same in a third of the tokens.
-# The tool instruction is the tool task's text (:data:`~lit_credit.tasks.tool_catalog.TOOLS_INSTRUCTION`).
-CHAT_TEMPLATE = (
+# Tools are listed as one-line signatures (``name(arg: type, ...) - description``), not JSON schemas: a tiny
+# policy reads every prompt's tools, and the signature says the same in a third of the tokens.
+_TOOL_LIST = (
     "{% if tools %}<|im_start|>system\n<tools>\n"
     "{% for tool in tools %}{% set fn = tool.function if tool.function is defined else tool %}"
     "{{ fn.name }}("
@@ -25,8 +24,9 @@ CHAT_TEMPLATE = (
     "{% for key, spec in fn.parameters.properties.items() %}{{ key }}: {{ spec.type }}"
     "{% if not loop.last %}, {% endif %}{% endfor %}{% endif %})"
     "{% if fn.description %} - {{ fn.description }}{% endif %}{{ '\\n' }}{% endfor %}"
-    "</tools>\n" + TOOLS_INSTRUCTION + "<|im_end|>\n"
-    "{% endif %}"
+    "</tools>\n"
+)
+_MESSAGES = (
     "{% for message in messages %}"
     "{% if message['role'] == 'tool' %}"
     "<|im_start|>user\n<tool_response>\n{{ message['content'] }}\n</tool_response><|im_end|>\n"
@@ -38,9 +38,20 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int = 512,
-                    split_digits: bool = True) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE on ``corpus`` (deterministic for a fixed corpus order).
+def chat_template(tool_prompt: ToolPrompt | None) -> str:
+    """The embedded chat template (Hermes / Qwen2.5 layout). With ``tool_prompt`` (the task's) a prompt's tools
+    are a system message: ``<tools>``, one signature line per tool, ``</tools>``, then
+    ``tool_prompt.instruction``, the text the task's ``tool_prompt.text(tools)`` writes; without one the template
+    ignores ``tools`` (a :class:`~lit_credit.models.ChatCodec` with a tool prompt then writes them itself)."""
+    if tool_prompt is None:
+        return _MESSAGES
+    return _TOOL_LIST + tool_prompt.instruction + "<|im_end|>\n{% endif %}" + _MESSAGES
+
+
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 512, split_digits: bool = True,
+                    tool_prompt: ToolPrompt | None = None) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on ``corpus`` (deterministic for a fixed corpus order), with the embedded chat
+    template (:func:`chat_template` of ``tool_prompt``, the task's: the embedded policy passes it).
 
     With ``split_digits`` numbers are spelled digit by digit (arithmetic); without it frequent digit runs
     merge like words, so a date such as ``2026-11-13`` takes a few tokens instead of ten. Every byte is in the
@@ -64,7 +75,7 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 512,
         pad_token=PAD,
         unk_token=None,
         padding_side="left",
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template(tool_prompt),
         additional_special_tokens=[BOS_TURN],
     )
     fast.add_tokens(TAG_TOKENS)  # non-special: kept when decoding with skip_special_tokens=True

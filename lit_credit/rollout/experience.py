@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from lit_credit.backends import Retry, count
-from lit_credit.interfaces import Environment, Messages, Reward, RolloutEngine
+from lit_credit.interfaces import Environment, Messages, Reward, RolloutEngine, ToolPrompt
 from lit_credit.models.chat import ChatCodec
 from lit_credit.rollout.loop import Episode, env_step, generate, run_episodes, to_batch
 from lit_credit.types import Completion, Feedback, RewardResult, RolloutBatch, SamplingParams
@@ -23,7 +23,8 @@ class Experience:
     """Samples and scores with one engine, environment and reward (the :class:`~lit_credit.interfaces.Sampler`
     of augmenters and games).
 
-    ``bind`` gives the engine the policy (once) and makes the chat codec. An engine in sleep mode sleeps
+    ``bind`` gives the engine the policy (once) and makes the chat codec, which writes a prompt's tools with
+    ``tool_prompt`` (the task's) where the chat template ignores them. An engine in sleep mode sleeps
     through the policy update: the module calls :meth:`release` once the step's generation is done and
     :meth:`sync_weights` (which wakes it, then pushes the weights) after the update; a generation between
     the two (validation) wakes it first. ``last_generation_s`` is the wall time of the last
@@ -31,9 +32,11 @@ class Experience:
     """
 
     def __init__(self, engine: RolloutEngine, env: Environment, reward: Reward, sampling: SamplingParams,
-                 max_turns: int, retry: Retry | None = None, max_feedback_tokens: int | None = None) -> None:
+                 max_turns: int, retry: Retry | None = None, max_feedback_tokens: int | None = None,
+                 tool_prompt: ToolPrompt | None = None) -> None:
         self.engine, self.env, self.reward, self.sampling = engine, env, reward, sampling
         self.max_turns, self.retry, self.max_feedback_tokens = max_turns, retry, max_feedback_tokens
+        self.tool_prompt = tool_prompt
         self.codec: ChatCodec | None = None
         self.last_generation_s = 0.0
         self._bound: tuple[RolloutEngine, torch.nn.Module] | None = None  # (engine, model) of the last bind
@@ -44,7 +47,8 @@ class Experience:
         swapped in since is bound)."""
         if self._bound is None or self._bound[0] is not self.engine or self._bound[1] is not model:
             self.engine.bind(model, tokenizer)
-            self.codec, self._bound = ChatCodec(tokenizer, self.max_feedback_tokens), (self.engine, model)
+            self.codec = ChatCodec(tokenizer, self.max_feedback_tokens, self.tool_prompt)
+            self._bound = (self.engine, model)
 
     # -------------------------------------------------------------------------------- engine memory, weights
     @property

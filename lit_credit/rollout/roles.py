@@ -1,9 +1,9 @@
 """A game's role actions as token sequences: the RolloutBatches a multi-role method (DPA-GRPO) trains on.
 
-A game (:class:`~lit_credit.tasks.form_game.FormGame`) is text-level: it returns, per role, the prompt ids the
-actor sampled from and the actions to score, each a canonical text (:class:`~lit_credit.tasks.form_game.Action`)
-or a sampled :class:`~lit_credit.types.Completion`. :func:`role_batch` tokenises the texts with the chat codec,
-exactly as the role emits them, and builds the batch.
+A game (:class:`~lit_credit.interfaces.Game`) is text-level: its record holds, per role, the prompt ids the actor
+sampled from and the actions to score (:class:`~lit_credit.types.RoleActions`), each a canonical text
+(:class:`~lit_credit.types.Action`) or a sampled :class:`~lit_credit.types.Completion`. :func:`role_batch`
+tokenises the texts with the chat codec, exactly as the role emits them, and builds the batch.
 """
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from collections.abc import Sequence
 
 from lit_credit.models.chat import ChatCodec
 from lit_credit.rollout.loop import Episode, to_batch
-from lit_credit.tasks.form_game import Action, RoleActions
-from lit_credit.types import Completion, RewardResult, RolloutBatch
+from lit_credit.types import Action, Completion, RewardResult, RoleActions, RolloutBatch
 
 
 def action_batch(prompts: Sequence[list[int]], actions: Sequence[list[int]], groups: Sequence[int],

@@ -6,7 +6,8 @@ from typing import Any
 
 import datasets
 
-from lit_credit.interfaces import Environment
+from lit_credit.interfaces import Environment, ToolPrompt
+from lit_credit.tasks.tool_catalog import TOOL_PROMPT
 from lit_credit.types import Feedback
 
 DEFAULT_FIX = "raise task.max_operand or lower task.num_train / task.num_test"
@@ -25,10 +26,16 @@ class Task:
     """A source of prompts and the environment that plays against the policy.
 
     Rows of ``dataset(split)`` hold at least ``prompt`` (a list of chat messages); ``tools`` (a list of
-    JSON schemas) is optional. ``demonstrations`` yields whole gold conversations for the SFT warm start.
+    JSON schemas) is optional. ``demonstrations`` yields whole gold conversations for the SFT warm start (a task
+    is the warm start's :class:`~lit_credit.interfaces.Demonstrations`). ``tool_prompt`` is how prompts offer
+    their tools (:class:`~lit_credit.interfaces.ToolPrompt`): the data module hands it to the chat codec and the
+    warm start to the embedded chat template. Every task shares the project's
+    (:data:`~lit_credit.tasks.tool_catalog.TOOL_PROMPT`), a task without tools too, so every embedded tokenizer
+    has the same chat template.
     """
 
     name: str = "task"
+    tool_prompt: ToolPrompt = TOOL_PROMPT
 
     def dataset(self, split: str) -> datasets.Dataset:
         raise NotImplementedError

@@ -23,7 +23,7 @@ import itertools
 import json
 import random
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import datasets
@@ -311,7 +311,7 @@ class FormTask(Task):
             self._cache[split] = datasets.Dataset.from_list(self._rows(split, self.rl_lines))
         return self._cache[split]
 
-    def demonstrations(self, num: int, seed: int) -> Iterator[dict[str, Any]]:
+    def demonstrations(self, num: int, seed: int) -> Iterable[dict[str, Any]]:
         rows = self._rows("train", self.lines)
         rng = random.Random(seed)
         for _ in range(num):

@@ -3,9 +3,10 @@
 The game is text-level and holds no model: an :class:`~lit_credit.interfaces.Actor` samples each role's replies
 (the module's actor switches that role's LoRA adapter in), the game parses them, scores them with the form
 oracle (gold at training time, as any outcome reward), assigns the role rewards and the DPA cases, and returns
-a :class:`FormGameRecord` with each role's action sequences to train on (:class:`RoleActions`). The rollout
-layer tokenises them into RolloutBatches (:func:`lit_credit.rollout.roles.role_batch`). A scripted actor plays
-it without a Trainer (tests/tasks/test_form_game.py).
+a :class:`FormGameRecord` (a :class:`~lit_credit.types.GameRecord`) with each role's action sequences to train on
+(:class:`~lit_credit.types.RoleActions`). The rollout layer tokenises them into RolloutBatches
+(:func:`lit_credit.rollout.roles.role_batch`). A scripted actor plays it without a Trainer
+(tests/tasks/test_form_game.py).
 
 The game, per line decision, as the official code (stevenyu97/Generator_Verifier_Multi_Agent, ``dpa_grpo/``)
 plays it; every choice is a key of :class:`FormGame` (``game.<key>``), the official one the default:
@@ -72,16 +73,7 @@ from lit_credit.rewards.dpa import (
 )
 from lit_credit.rewards.form_line import line_correct, parse_value
 from lit_credit.tasks.form import ROLES, action_text, parse_decision, role_prompt
-from lit_credit.types import Completion, RolloutBatch, SamplingParams
-
-
-@dataclass(frozen=True)
-class Action:
-    """A canonical action as a role emits it: ``text``, then the end of the turn (``ends_turn``: NS, KEEP,
-    REVISE, the reviser's keep text) or a newline (SAC, which goes on with its challenge line)."""
-
-    text: str
-    ends_turn: bool = True
+from lit_credit.types import Action, Completion, GameRecord, RoleActions, RolloutBatch, SamplingParams
 
 
 def decision_action(line: str, decision: str) -> Action:
@@ -91,43 +83,11 @@ def decision_action(line: str, decision: str) -> Action:
 
 
 @dataclass
-class RoleActions:
-    """One role's action sequences to train on: row i is ``prompts[i] + actions[i]``.
-
-    role: whose adapter is trained on them (``verifier``, ``approver``, ``reviser``).
-    prompts: the prompt ids, as the actor returned them.
-    actions: per row an :class:`Action` (canonical text, tokenised by the rollout layer's chat codec) or a
-        sampled :class:`~lit_credit.types.Completion` (its token ids as sampled).
-    groups: per row its decision (the index of its proposal); pairs share one.
-    rewards: [rows] float, the role reward of each row.
-    paired: rows 2n, 2n+1 are both actions of one decision (pair credit); else a GRPO group per decision.
-    temperature: the temperature of the rows' log-probs (1 for scored actions).
-    sampled: the actions are the role's samples at ``temperature`` and keep their behaviour log-probs; else they
-        are scored actions (behaviour log-probs 0), a sampled one included (the reviser's revise text).
-    weight: [rows] loss weight (the approver's rarity weight), or None (1).
-    adv_bonus: [rows] added to each row's advantage (``revise_bonus_on=advantage``), or None (0).
-    """
-
-    role: str
-    prompts: list[list[int]]
-    actions: list[Action | Completion]
-    groups: list[int]
-    rewards: Tensor
-    paired: bool
-    temperature: float = 1.0
-    sampled: bool = False
-    weight: Tensor | None = None
-    adv_bonus: Tensor | None = None
-
-    def __len__(self) -> int:
-        return len(self.actions)
-
-
-@dataclass
-class FormGameRecord:
-    """One round of the game over N line decisions (one per proposal): [N] bool flags, the [N] long DPA cases
-    (into :data:`~lit_credit.rewards.dpa.CASES`), each role's action sequences (``actions``: ``verifier``,
-    ``approver``, ``revisions``; None where a role has none this round) and the round's counts."""
+class FormGameRecord(GameRecord):
+    """One round of the game over N line decisions (one per proposal): the record every game returns (each role's
+    action sequences, ``actions``: ``verifier``, ``approver``, ``revisions``, None where a role has none this
+    round; the [N] long DPA ``cases``, into :data:`~lit_credit.rewards.dpa.CASES`), then [N] bool flags and the
+    round's counts."""
 
     x_correct: Tensor
     challenged: Tensor
@@ -136,8 +96,6 @@ class FormGameRecord:
     has_revision: Tensor
     final_strict: Tensor
     final_lenient: Tensor
-    cases: Tensor
-    actions: dict[str, RoleActions | None]
     counts: dict[str, float]
 
     def metrics(self, stage: str) -> dict[str, float]:
@@ -290,9 +248,10 @@ class FormGame:
         if sac:
             counts["revision_correct"] = correct.float().mean().item()
             counts["shown_correct"] = z_correct[challenged].float().mean().item()
-        return FormGameRecord(x_correct, challenged, revised, z_correct, has_revision, final_strict, final_lenient,
-                              cases, {"verifier": verifier, "approver": approver, "revisions": revisions_set},
-                              counts)
+        return FormGameRecord(
+            actions={"verifier": verifier, "approver": approver, "revisions": revisions_set}, cases=cases,
+            x_correct=x_correct, challenged=challenged, revised=revised, z_correct=z_correct,
+            has_revision=has_revision, final_strict=final_strict, final_lenient=final_lenient, counts=counts)
 
     @staticmethod
     def _pairs(role: str, prompts: Sequence[list[int]] | dict[int, list[int]], rows, choices: tuple[str, ...],
@@ -337,4 +296,4 @@ class FormGame:
                            paired=False, temperature=self.revision_temperature, sampled=True)
 
 
-__all__ = ["Action", "FormGame", "FormGameRecord", "RoleActions", "decision_action"]
+__all__ = ["FormGame", "FormGameRecord", "decision_action"]

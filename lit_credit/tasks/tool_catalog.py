@@ -14,7 +14,7 @@ import hashlib
 import json
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +27,29 @@ TOOLS_INSTRUCTION = 'Call tools inside <tool_call></tool_call> as JSON {"name": 
 
 
 def tool_signature(schema: dict) -> str:
-    """One tool as the embedded chat template lists it (:data:`~lit_credit.models.tokenizer.CHAT_TEMPLATE`):
+    """One tool as the embedded chat template lists it (:func:`~lit_credit.models.tokenizer.chat_template`):
     ``name(arg: type, ...) - description``."""
     fn = schema.get("function", schema)
     props = (fn.get("parameters") or {}).get("properties") or {}
     args = ", ".join(f"{k}: {v.get('type')}" for k, v in props.items())
     description = fn.get("description")
     return f"{fn['name']}({args})" + (f" - {description}" if description else "")
+
+
+@dataclass(frozen=True)
+class SignatureToolPrompt:
+    """The project's tool prompt (a :class:`~lit_credit.interfaces.ToolPrompt`, every task's
+    :attr:`~lit_credit.tasks.Task.tool_prompt`): one :func:`tool_signature` line per tool between ``<tools>`` tags,
+    then ``instruction``. The embedded chat template writes exactly this as its system message; the chat codec
+    writes it for a template that ignores ``tools`` (SmolLM2's ChatML)."""
+
+    instruction: str = TOOLS_INSTRUCTION
+
+    def text(self, tools: Sequence[dict[str, Any]]) -> str:
+        return "<tools>\n" + "".join(tool_signature(t) + "\n" for t in tools) + "</tools>\n" + self.instruction
+
+
+TOOL_PROMPT = SignatureToolPrompt()
 
 
 def dumps(obj: Any) -> str:

@@ -25,9 +25,9 @@ from lit_credit.rewards import CASES
 from lit_credit.rollout import ChatCodec
 from lit_credit.rollout.roles import role_batch
 from lit_credit.tasks.form import INSTRUCTIONS, action_text
-from lit_credit.tasks.form_game import FormGame, RoleActions, decision_action
+from lit_credit.tasks.form_game import FormGame, decision_action
 from lit_credit.train import build
-from lit_credit.types import Completion
+from lit_credit.types import Completion, RoleActions
 from tests.tasks.dpa_script import script as game_script
 
 SMALL = ["experiment=dpa_form", "model.embedded.sft_steps=0", "task.num_train=1", "task.num_test=2",

@@ -9,14 +9,14 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from lit_credit.models import EmbeddedPolicy, PolicySource, build_tokenizer, token_logprobs
+from lit_credit.models import EmbeddedPolicy, PolicySource, build_tokenizer, chat_template, token_logprobs
 from lit_credit.models.chat import with_tools
 from lit_credit.models.logprobs import length_buckets, picked_logprobs_
 from lit_credit.models.sft import encode_demonstration
 from lit_credit.models.smollm2 import SmolLM2
 from lit_credit.rollout import ChatCodec
 from lit_credit.tasks import ArithTask
-from lit_credit.tasks.tool_catalog import TOOLS_INSTRUCTION, tool_signature
+from lit_credit.tasks.tool_catalog import TOOL_PROMPT, TOOLS_INSTRUCTION, tool_signature
 
 CORPUS = ["What is 37 + 45?\n82", "<tool_call>{\"name\": \"get_weather\"}</tool_call> sunny"] * 20
 
@@ -56,7 +56,9 @@ def test_chat_template_is_hermes_and_tool_tags_survive_decoding():
 
 
 def test_chat_template_lists_tools_as_the_signatures_the_corpus_teaches():
-    tok = build_tokenizer(CORPUS, 300)
+    """With the task's tool prompt the embedded template lists the tools as the tool prompt writes them (one
+    signature line each, then its instruction); without one it ignores them."""
+    tok = build_tokenizer(CORPUS, 300, tool_prompt=TOOL_PROMPT)
     weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather on a date.",
                                                 "parameters": {"type": "object", "properties": {
                                                     "city": {"type": "string"}, "days": {"type": "integer"}}}}}
@@ -66,6 +68,10 @@ def test_chat_template_lists_tools_as_the_signatures_the_corpus_teaches():
     text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tools=[weather, bare], tokenize=False)
     assert text == ("<|im_start|>system\n<tools>\nget_weather(city: string, days: integer) - Weather on a date.\n"
                     f"ping()\n</tools>\n{TOOLS_INSTRUCTION}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
+    assert text.startswith(f"<|im_start|>system\n{TOOL_PROMPT.text([weather, bare])}<|im_end|>\n")
+    toolless = build_tokenizer(CORPUS, 300)
+    assert toolless.apply_chat_template([{"role": "user", "content": "Hi"}], tools=[weather], tokenize=False) == (
+        "<|im_start|>user\nHi<|im_end|>\n")
 
 
 # A plain ChatML template that ignores ``tools`` (as SmolLM2's does) and renders tool turns as ``tool`` turns.
@@ -75,25 +81,28 @@ PLAIN_CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\
 
 def test_tools_reach_a_template_without_tool_support_through_the_system_message():
     """One tool protocol, two routes: the embedded template writes the tools itself, and the same tokenizer
-    with PLAIN_CHATML gets them through ``with_tools`` as its system message; the prompts are the same ids
-    (the embedded template's tool block is ``<|im_start|>system\n`` + ``tools_text`` + ``<|im_end|>\n``).
-    On the plain template a conversation built piece by piece (prompt, reply, tool turn) equals its
-    rendering of the whole conversation with the tools in the system message."""
+    with PLAIN_CHATML gets them through ``with_tools`` as its system message, written by the codec's tool prompt;
+    the prompts are the same ids (the embedded template's tool block is ``<|im_start|>system\n`` +
+    ``tool_prompt.text(tools)`` + ``<|im_end|>\n``). On the plain template a conversation built piece by piece
+    (prompt, reply, tool turn) equals its rendering of the whole conversation with the tools in the system
+    message. A codec without a tool prompt refuses tools the template ignores."""
     weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather on a date.",
                                                 "parameters": {"type": "object", "properties": {
                                                     "city": {"type": "string"}}}}}
     messages = [{"role": "user", "content": "Weather in Oslo?"}]
-    embedded_tok = build_tokenizer(CORPUS, 300)
+    embedded_tok = build_tokenizer(CORPUS, 300, tool_prompt=TOOL_PROMPT)
     plain_tok = build_tokenizer(CORPUS, 300)
     plain_tok.chat_template = PLAIN_CHATML
-    embedded, plain = ChatCodec(embedded_tok), ChatCodec(plain_tok)
+    embedded, plain = ChatCodec(embedded_tok), ChatCodec(plain_tok, tool_prompt=TOOL_PROMPT)
     assert embedded.template_has_tools and not plain.template_has_tools
     assert plain.prompt_ids(messages, [weather]) == embedded.prompt_ids(messages, [weather])
     reply, tool = "<tool_call>{\"name\": \"get_weather\"}</tool_call>", {"role": "tool", "content": "sunny"}
     pieces = plain.prompt_ids(messages, [weather]) + plain.reply_ids(reply) + plain.feedback_ids([tool])
-    whole = plain_tok.apply_chat_template(with_tools([*messages, {"role": "assistant", "content": reply}, tool],
-                                                     [weather]), tokenize=False, add_generation_prompt=True)
+    conversation = with_tools([*messages, {"role": "assistant", "content": reply}, tool], [weather], TOOL_PROMPT)
+    whole = plain_tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     assert pieces == plain_tok(whole, add_special_tokens=False)["input_ids"]
+    with pytest.raises(ValueError, match=r"tool_prompt=task\.tool_prompt"):
+        ChatCodec(plain_tok).prompt_ids(messages, [weather])
 
 
 def test_smollm2_refuses_unknown_keys_by_name(tmp_path):
@@ -111,6 +120,7 @@ def test_embedded_policy_builds_once_and_reloads_with_from_pretrained(tmp_path):
     assert [p.name for p in path.parent.iterdir() if p.name.startswith(".building")] == []
     model = AutoModelForCausalLM.from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)
+    assert tok.chat_template == chat_template(task.tool_prompt)  # the task's tool prompt ends the tool list
     assert model.config.model_type == "llama"
     assert model.get_input_embeddings().num_embeddings == len(tok)
     n_params = sum(p.numel() for p in model.parameters())
@@ -119,6 +129,21 @@ def test_embedded_policy_builds_once_and_reloads_with_from_pretrained(tmp_path):
     assert EmbeddedPolicy(task, cache_dir=str(tmp_path), sft_steps=1).path != path
     loaded, _ = PolicySource(embedded=embedded).load()
     assert torch.equal(loaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
+def test_every_task_is_the_warm_starts_demonstrations_in_lightning_cli():
+    """EmbeddedPolicy reads its task as a Demonstrations (the warm start needs no task import); LightningCLI's
+    parser takes every task's class_path for it (it checks the Protocol's method signatures), and no other class."""
+    from jsonargparse import ArgumentParser
+
+    from lit_credit.interfaces import Demonstrations
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--task", type=Demonstrations)
+    for name in ("ArithTask", "CodeReviseTask", "FormTask", "MathReviseTask", "ToolCallTask"):
+        assert parser.parse_args(["--task", f"lit_credit.tasks.{name}"]).task.class_path == f"lit_credit.tasks.{name}"
+    with pytest.raises(Exception, match="ToolEnvironment"):
+        parser.parse_args(["--task", "lit_credit.tasks.ToolEnvironment"])
 
 
 def test_sft_encoding_masks_only_assistant_turns():

@@ -113,11 +113,11 @@ def test_multi_turn_tool_conversations_tokenize_as_the_chat_template_renders_the
     from lit_credit.types import SamplingParams
 
     _, tok = smollm2.load()
-    codec = ChatCodec(tok)
-    assert not codec.template_has_tools  # SmolLM2's ChatML ignores tools=: the codec writes them itself
     task, conversations = tool_conversations
+    codec = ChatCodec(tok, tool_prompt=task.tool_prompt)
+    assert not codec.template_has_tools  # SmolLM2's ChatML ignores tools=: the codec writes them itself
     for row, demo in conversations:
-        messages = with_tools(demo["messages"], tool_schemas(row))
+        messages = with_tools(demo["messages"], tool_schemas(row), task.tool_prompt)
         system = messages[0]["content"]
         assert messages[0]["role"] == "system" and "<tool_call>" in system
         assert all(t["function"]["name"] + "(" in system for t in tool_schemas(row))
@@ -155,9 +155,9 @@ def test_sampled_turns_keep_their_ids_and_end_of_turn(smollm2, tool_conversation
     from lit_credit.types import SamplingParams
 
     model, tok = smollm2.load()
-    codec, engine = ChatCodec(tok), HFEngine()
-    engine.bind(model, tok)
     task, conversations = tool_conversations
+    codec, engine = ChatCodec(tok, tool_prompt=task.tool_prompt), HFEngine()
+    engine.bind(model, tok)
     rows = [row for row, _ in conversations]
     torch.manual_seed(0)
     episodes = run_episodes(engine, codec, task.environment(), rows, [0, 1, 2],
@@ -174,7 +174,8 @@ def test_sampled_turns_keep_their_ids_and_end_of_turn(smollm2, tool_conversation
         assert mask.sum() == (turns >= 0).sum()
         # The text, rebuilt from the decoded replies and the environment's messages, through the template:
         text = tok.decode(ep.token_ids)
-        assert text.startswith(tok.apply_chat_template(with_tools(ep.row["prompt"], tool_schemas(ep.row)),
+        assert text.startswith(tok.apply_chat_template(with_tools(ep.row["prompt"], tool_schemas(ep.row),
+                                                                  task.tool_prompt),
                                                        tokenize=False, add_generation_prompt=True))
         assert text.count("<|im_start|>assistant\n") == len(ep.replies)
         assert text.count("<|im_start|>system") == 1

@@ -9,8 +9,8 @@ from lit_credit.models import build_tokenizer
 from lit_credit.rollout import ChatCodec
 from lit_credit.rollout.roles import action_ids, role_batch
 from lit_credit.tasks.form import action_text, challenge_text
-from lit_credit.tasks.form_game import Action, RoleActions, decision_action
-from lit_credit.types import Completion
+from lit_credit.tasks.form_game import decision_action
+from lit_credit.types import Action, Completion, RoleActions
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ from lit_credit.interfaces import Game
 from lit_credit.rewards import CASES, FormLineReward
 from lit_credit.rollout.loop import Episode, to_batch
 from lit_credit.tasks.form import INSTRUCTIONS, action_text
-from lit_credit.tasks.form_game import Action, FormGame, decision_action
-from lit_credit.types import Completion, SamplingParams
+from lit_credit.tasks.form_game import FormGame, FormGameRecord, decision_action
+from lit_credit.types import Action, Completion, GameRecord, SamplingParams
 from tests.tasks.dpa_script import script
 
 ROWS = [{"context": "single | w2 52300/4100\n", "line": "1a", "gold": 52300},
@@ -75,7 +75,11 @@ def cases(record):
 
 
 def test_the_game_is_a_game():
+    """FormGame is a Game, and its record the GameRecord a method reads (the role actions by set, the cases)."""
     assert isinstance(FormGame(), Game) and FormGame.roles == ("proposer", "verifier", "reviser", "approver")
+    record, _, _ = play()
+    assert isinstance(record, FormGameRecord) and isinstance(record, GameRecord)
+    assert list(record.actions) == ["verifier", "approver", "revisions"] and len(record.cases) == 4
 
 
 def test_scripted_round_flags_cases_and_final_values():
