@@ -148,3 +148,49 @@ def test_checker_sees_function_level_and_type_checking_imports(tmp_path):
     assert (3, "lit_credit.methods") in found and (5, "lit_credit.rollout") in found
     assert (6, "lit_credit.rollout.engine") in found
     assert [unit_of_module(m) for _, m in found[1:]] == ["methods", "rollout", "rollout"]
+
+
+def unit_imports() -> dict[str, set[str]]:
+    """Every unit's imported units (other than itself), measured from the code as the checks above read it."""
+    found: dict[str, set[str]] = {unit: set() for unit in LAYER}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            source = unit_of_file(path)
+            for _, module in imported_modules(ast.parse(path.read_text(), str(path)), path):
+                target = unit_of_module(module)
+                if target is not None and target != source:
+                    found.setdefault(source, set()).add(target)
+    return found
+
+
+def picture() -> str:
+    """The layers as docs/design.md draws them, from the code: each unit, top layer first, with the units it
+    imports (all of a lower layer, the checks above hold that), and the downward edges that are forbidden."""
+    imports = unit_imports()
+    width = max(len(unit) for unit in LAYER)
+    lines = ["layer  unit" + " " * (width - 3) + "imports (units of lower layers only)"]
+    for depth in range(len(LAYERS) - 1, -1, -1):
+        for unit in LAYERS[depth]:
+            if unit == "__init__":
+                continue
+            lines.append(f"{depth:>5}  {unit:<{width}}  {', '.join(sorted(imports.get(unit, ()))) or '-'}")
+    forbidden = ", ".join(f"{a} -> {b}" for a, b in sorted(FORBIDDEN))
+    return "\n".join([*lines, "", f"forbidden although downward: {forbidden}"])
+
+
+PICTURE_BEGIN, PICTURE_END = "<!-- layers: python -m tests.test_layering -->\n```\n", "\n```\n<!-- layers end -->"
+
+
+def test_design_doc_draws_the_layers_of_the_code():
+    """docs/design.md's layer picture is :func:`picture` of today's code (regenerate: python -m tests.test_layering)."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    assert PICTURE_BEGIN in text and PICTURE_END in text, "docs/design.md has no layer picture between the markers"
+    drawn = text.split(PICTURE_BEGIN, 1)[1].split(PICTURE_END, 1)[0]
+    assert drawn == picture(), "docs/design.md's layer picture is stale: run python -m tests.test_layering"
+
+
+if __name__ == "__main__":  # rewrite docs/design.md's layer picture from the code
+    design = ROOT / "docs" / "design.md"
+    head, rest = design.read_text().split(PICTURE_BEGIN, 1)
+    design.write_text(head + PICTURE_BEGIN + picture() + PICTURE_END + rest.split(PICTURE_END, 1)[1])
+    print(picture())
