@@ -17,10 +17,9 @@ GROUP_FILES = sorted(p for p in CONF_DIR.rglob("*.yaml") if p.parent != CONF_DIR
 
 
 # What each GRPO-family experiment builds: (credit, surrogate, aggregation, augmenter's score, metric sets,
-# dynamic sampling, grad-cosine period). The old method files map onto these: method=dapo -> loss=dapo
-# method.dynamic_sampling=true, method=slca_grpo -> credit=slca metrics=tool method.grad_cosine_every=10,
-# method=tcpo -> credit=tcpo augment=counterfactual metrics=turn, method=slca_tcpo -> credit=slca_tcpo
-# augment=counterfactual_tool metrics=[tool,turn] method.grad_cosine_every=10.
+# dynamic sampling, grad-cosine period). DAPO is loss=dapo method.dynamic_sampling=true; the named modules
+# (method=slca_grpo, tcpo, slca_tcpo: lit_credit.methods.named) build the same parts as slca_toolcall, tcpo_math
+# and slca_tcpo_toolcall (tests/methods/test_named_modules.py holds them to these rows).
 PPO = ("ClippedSurrogate", "token-mean")  # GRPO's loss
 EXPERIMENTS = {
     "grpo_arith": ("GRPOCredit", *PPO, None, [], False, 0),
@@ -92,7 +91,7 @@ def test_config_composes_and_instantiates(path, make_cfg, tmp_path):
     if group in ("experiment", "debug", "method"):
         module, datamodule, _trainer = build(cfg)
         assert isinstance(module.credit, CreditEstimator)
-        assert datamodule.sampling.n >= 2
+        assert datamodule.experience.sampling.n >= 2
         if group == "experiment" and name in EXPERIMENTS:
             assert composition(module) == EXPERIMENTS[name]
         return
