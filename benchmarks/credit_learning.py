@@ -640,7 +640,7 @@ class DecisionFamily:
             out.append(LossSet(batch, seed_row, pts, acts, adv, mask, dpa_loss(), float(on.sum())))
         weight = opts.get("proposal_weight", 0.0)
         if weight:
-            group = credit.GRPOCredit(unbiased=False, eps=1e-8)  # DPAGRPOModule.group_credit
+            group = credit.GRPOCredit(unbiased=False, eps=1e-8)  # method.role_credit.proposer (conf/method/dpa_grpo.yaml)
             out.append(self._proposal_set(policy, table, x, x_right, ctx, group, dpa_loss(), weight * S * C))
         return out
 

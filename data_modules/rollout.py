@@ -8,16 +8,12 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from lit_credit.backends import CountsSince, Retry
-from lit_credit.checkpoint import capture_rng, restore_rng
-from lit_credit.distributed import share, world
-from lit_credit.interfaces import Environment, Reward, RolloutEngine
+from lit_credit.backends import Retry
+from lit_credit.distributed import world
+from lit_credit.interfaces import Reward, RolloutEngine
 from lit_credit.rollout import Experience, HFEngine
-from lit_credit.rollout.seeds import mix_seed
 from lit_credit.tasks.base import Task
-from lit_credit.types import RolloutBatch, SamplingParams
-
-TRAIN_STREAM, VALIDATION_STREAM = 0, 1  # the seed streams of training groups and sampled validation groups
+from lit_credit.types import SamplingParams
 
 
 def _rows(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -47,7 +43,7 @@ class PromptStream(IterableDataset):
     training step has consumed yet}``; Lightning prefetches one batch, so ``pending`` holds it. A new iterator
     yields ``pending`` again first, then fresh batches: a run resumed from a checkpointed position serves what
     the uninterrupted run would have, whatever was prefetched or lost in a crash. The training step's draw
-    (:meth:`RolloutDataModule.generate_experience`) removes the oldest pending index.
+    (:meth:`~lit_credit.rollout.Experience.draw`) removes the oldest pending index (:meth:`consume`).
     """
 
     def __init__(self, dataset: Any, batch_size: int, seed: int, position: dict[str, Any] | None = None) -> None:
@@ -83,6 +79,10 @@ class PromptStream(IterableDataset):
         """The next batch no reader has had yet (never served by the dataloader afterwards)."""
         return self.batch(self._take())
 
+    def consume(self) -> None:
+        """A training step drew the oldest batch the dataloader yielded: it leaves ``pending``."""
+        del self.position["pending"][:1]
+
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
         pending = self.position["pending"]
         replay = list(pending)
@@ -94,38 +94,32 @@ class PromptStream(IterableDataset):
 
 
 class RolloutDataModule(L.LightningDataModule):
-    """Serves prompt rows; ``generate_experience`` turns them into scored rollouts with the current weights.
+    """The Lightning side of the experience layer: serves prompt rows and holds :attr:`experience` (a
+    :class:`~lit_credit.rollout.Experience`), which turns them into scored rollouts with the current weights.
 
-    The dataloaders yield only prompt rows (plain dicts). Generation happens inside the training step,
-    never in the dataloader, because Lightning prefetches the next batch (that would be one step
-    off-policy). Group ids are minted here, one per prompt per call, from a running counter. The sampling
-    itself is the experience layer's (:attr:`experience`, a :class:`~lit_credit.rollout.Experience`: engine
-    retries through ``engine_retry``, failure counts, sleep / wake, the chat codec that writes prompts' tools with
-    the task's ``tool_prompt``, scoring; a reward that raises scores 0 and
-    non-finite reward values become 0, each counted in ``backend/reward/{errors,nonfinite}``).
+    The dataloaders yield only prompt rows (plain dicts). Generation happens inside the training step, never in
+    the dataloader, because Lightning prefetches the next batch (that would be one step off-policy); the module
+    draws through ``experience`` (its ``draw``, ``refill``, ``draw_validation``, ``sampled_validation``: group
+    ids, per-group seeds, each rank's share, the engine's retries and failure counts, sleep / wake, the chat
+    codec that writes prompts' tools with the task's ``tool_prompt``, scoring; a reward that raises scores 0 and
+    non-finite reward values become 0, each counted in ``backend/reward/{errors,nonfinite}``). What it samples
+    with is set there: ``datamodule.experience.engine``, ``.reward``, ``.env``, ``.sampling``.
 
     Resumable: the train loader is a :class:`PromptStream`; ``state_dict`` (saved in every Lightning
-    checkpoint) holds its position (``next_batch``, ``pending``) and the group counter, so a resumed run
-    draws the prompts the uninterrupted run would have drawn. :meth:`refill_experience` draws further batches
-    of the same stream inside a training step (DAPO's dynamic sampling); the dataloader never serves them, so
-    no prompt is drawn twice within an epoch.
-
-    Sampling is seeded per group: group ``g``'s rollouts get seed ``mix_seed(seed, 0, g)`` (sampled validation's
-    ``mix_seed(seed, 1, g)``; :mod:`lit_credit.rollout.seeds`), so they depend on the run's seed and the group
-    id alone, not on the process or the batch that samples them.
+    checkpoint) holds its position (``next_batch``, ``pending``) and the experience layer's group counter, so a
+    resumed run draws the prompts and group ids the uninterrupted run would have drawn. The experience layer's
+    refills (DAPO's dynamic sampling) draw further batches of the same stream inside a training step; the
+    dataloader never serves them, so no prompt is drawn twice within an epoch.
 
     Several processes (data parallel): every rank iterates the same stream and is handed the step's whole
-    prompt batch; group ids are minted for all of it, identically on every rank, and each rank generates only
-    its contiguous share (:func:`~lit_credit.distributed.share`: whole groups, ``prompts_per_step`` must divide
-    by the world size); the stream's position and the group counter are the same on every rank. Validation
-    rows are split the same way (as evenly as can be). With the per-group seeds a run's rollouts are the same on
-    1 or N processes.
+    prompt batch; ``setup`` gives the experience layer this process's rank (each rank generates its contiguous
+    share of whole groups; ``prompts_per_step`` must divide by the world size); the stream's position and the
+    group counter are the same on every rank. Validation rows are split the same way (as evenly as can be).
 
     Validation: the test split's first ``val_prompts`` rows (a fixed held-out set), greedy (``val_sampling``),
-    and with ``val_samples > 0`` also ``val_samples`` samples per prompt at temperature 1, top-p 1
-    (``val_sampled``, :meth:`sampled_validation`, isolated from the training RNG); ``val_success`` is the
-    normalised score at which a sampled rollout counts as solved for ``pass@k``
-    (:func:`~lit_credit.analysis.metrics.pass_at_k_metrics`).
+    and with ``val_samples > 0`` also ``val_samples`` samples per prompt at temperature 1, top-p 1, isolated from
+    the training RNG; ``val_success`` is the normalised score at which a sampled rollout counts as solved for
+    ``pass@k`` (the experience layer's settings).
     """
 
     def __init__(self, task: Task, reward: Reward, engine: RolloutEngine | None = None,
@@ -149,127 +143,39 @@ class RolloutDataModule(L.LightningDataModule):
         env = task.environment()
         self.experience = Experience(engine if engine is not None else HFEngine(), env, reward, sampling,
                                      max_turns if max_turns is not None else env.max_turns, engine_retry,
-                                     max_feedback_tokens, task.tool_prompt)
-        self.val_sampling = val_sampling or SamplingParams(n=1, greedy=True, max_new_tokens=sampling.max_new_tokens,
-                                                           stop=sampling.stop)
-        self.val_samples, self.val_success = val_samples, val_success
-        self.val_sampled = SamplingParams(n=val_samples, temperature=1.0, top_p=1.0, stop=sampling.stop,
-                                          max_new_tokens=sampling.max_new_tokens) if val_samples else None
-        self.backend_counts = CountsSince()  # backend/* failures since the last training step
-        self.next_group = 0
-        self.rank, self.world_size = 0, 1  # this process's data-parallel rank (setup)
+                                     max_feedback_tokens, task.tool_prompt, seed=seed, val_sampling=val_sampling,
+                                     val_samples=val_samples, val_success=val_success)
         self.position: dict[str, Any] = {"next_batch": 0, "pending": []}  # PromptStream's, shared and saved
 
-    # The experience layer's (``datamodule.experience.<name>``): setting one here would be silently ignored.
-    _EXPERIENCE_ONLY = frozenset({"engine", "codec", "score", "release", "sync_weights", "last_generation_s",
-                                  "max_turns"})
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self._EXPERIENCE_ONLY:
-            raise AttributeError(f"RolloutDataModule.{name} is the experience layer's: set "
-                                 f"datamodule.experience.{name}")
-        super().__setattr__(name, value)
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return self.experience.sampling
-
-    @property
-    def reward(self) -> Reward:
-        return self.experience.reward
-
-    @property
-    def env(self) -> Environment:
-        return self.experience.env
-
     def setup(self, stage: str | None = None) -> None:
-        self.rank, self.world_size = world()
-        if self.prompts_per_step % self.world_size:
-            raise ValueError(f"data.prompts_per_step={self.prompts_per_step} does not divide over {self.world_size} "
+        rank, world_size = world()
+        if self.prompts_per_step % world_size:
+            raise ValueError(f"data.prompts_per_step={self.prompts_per_step} does not divide over {world_size} "
                              "processes (each rank draws whole prompt groups, an equal share); fix: a multiple of "
-                             f"{self.world_size}, e.g. data.prompts_per_step="
-                             f"{max(self.world_size, self.prompts_per_step // self.world_size * self.world_size)}")
+                             f"{world_size}, e.g. data.prompts_per_step="
+                             f"{max(world_size, self.prompts_per_step // world_size * world_size)}")
         self.train_set = self.task.dataset("train")
         test = self.task.dataset("test")
         self.val_set = test.select(range(min(self.val_prompts, len(test))))
         self.stream = PromptStream(self.train_set, self.prompts_per_step, self.seed, self.position)
+        self.experience.attach(self.stream, rank, world_size)
 
     def train_dataloader(self) -> DataLoader:
         # Own generators: creating a loader iterator must not draw from the global RNG (exact resume).
         return DataLoader(self.stream, batch_size=None, collate_fn=_rows, generator=torch.Generator().manual_seed(0))
 
     def val_dataloader(self) -> DataLoader:
-        # One batch of every held-out row on every rank (the module splits it, ``_share``): an iterable dataset,
+        # One batch of every held-out row on every rank (the experience layer splits it): an iterable dataset,
         # so Lightning adds no DistributedSampler that would split it a second time.
         return DataLoader(OneBatch([self.val_set[i] for i in range(len(self.val_set))]), batch_size=None,
                           collate_fn=_rows)
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_batch": self.position["next_batch"], "pending": list(self.position["pending"]),
-                "next_group": self.next_group}
+                "next_group": self.experience.next_group}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # In place: the stream shares ``position``. A checkpoint of the older format counted train_batches only.
         self.position["next_batch"] = state.get("next_batch", state.get("train_batches", 0))
         self.position["pending"][:] = state.get("pending", [])
-        self.next_group = state["next_group"]
-
-    def bind(self, model: torch.nn.Module, tokenizer: Any) -> Experience:
-        """Give the engine the policy (once); returns the experience layer."""
-        self.experience.bind(model, tokenizer)
-        return self.experience
-
-    @torch.no_grad()
-    def generate_experience(self, rows: list[dict[str, Any]], sampling: SamplingParams | None = None) -> RolloutBatch:
-        """Sample ``sampling.n`` rollouts per row, run the environment, score them: a RolloutBatch on CPU.
-
-        ``sampling=None`` is the training step's draw of the dataloader's batch (the train sampling; that
-        batch leaves the stream's ``pending`` list). The wall time of the call is the experience layer's
-        ``last_generation_s``.
-        """
-        if sampling is None:
-            del self.position["pending"][:1]
-        return self._experience(rows, sampling or self.sampling)
-
-    @torch.no_grad()
-    def sampled_validation(self, rows: list[dict[str, Any]]) -> RolloutBatch | None:
-        """``data.val_samples`` rollouts per validation row at T = 1 (``val_sampled``), scored, on CPU; None when
-        ``val_samples = 0`` (off). The engine must be bound (the module's greedy validation draw binds it).
-
-        Isolated from training, so a run trains bitwise the same with or without it: every random state a
-        step draws from (global torch and CUDA, Python, NumPy, and the private generators of the DataModule,
-        environment, reward and judge: :func:`~lit_credit.checkpoint.capture_rng`) is saved, torch is seeded
-        with ``data.seed``, and all of them are put back afterwards; the group ids are ``0..len(rows)-1``, not
-        minted from the counter. Reproducible: the same seed at every validation, so unchanged weights give
-        the same samples (common random numbers across the steps of a run and across the runs of a sweep that
-        share a seed). An engine that keeps its own sampler state (vLLM's) is outside this: its stream moves on.
-        """
-        if self.val_sampled is None:
-            return None
-        sources = {"env": self.env}
-        state = capture_rng(sources, self)
-        torch.manual_seed(self.seed)
-        try:
-            return self._share(rows, list(range(len(rows))), self.val_sampled, VALIDATION_STREAM)
-        finally:
-            restore_rng(state, sources, self)
-
-    @torch.no_grad()
-    def refill_experience(self) -> RolloutBatch:
-        """The rollouts of the stream's next fresh prompt batch (train sampling, new group ids, on CPU): DAPO's
-        dynamic-sampling refill; the step stacks its draws with :func:`~lit_credit.types.cat_batches`. The
-        dataloader never serves that prompt batch."""
-        return self._experience(self.stream.draw(), self.sampling)
-
-    def _experience(self, rows: list[dict[str, Any]], sampling: SamplingParams) -> RolloutBatch:
-        """This rank's share of the rollouts of ``rows`` (every rank's rows), group ids minted for all of them."""
-        groups = list(range(self.next_group, self.next_group + len(rows)))
-        self.next_group += len(rows)
-        return self._share(rows, groups, sampling)
-
-    def _share(self, rows: list[dict[str, Any]], groups: list[int], sampling: SamplingParams,
-               stream: int = TRAIN_STREAM) -> RolloutBatch:
-        """This rank's share of ``rows``' rollouts, group ``g`` seeded ``mix_seed(seed, stream, g)``."""
-        mine = share(len(rows), self.rank, self.world_size)
-        seeds = [mix_seed(self.seed, stream, g) for g in groups[mine]]
-        return self.experience.rollouts(rows[mine], groups[mine], sampling, seeds)
+        self.experience.next_group = state["next_group"]

@@ -3,9 +3,9 @@
 A Lightning checkpoint of a lit-credit run holds the policy and the frozen reference (the module's state
 dict), optimiser and scheduler states, loop counters (``global_step``, batch progress), the DataModule's
 position (training batches consumed, group counter) and, from :func:`capture_rng`, every random state a step
-draws from: torch (CPU and CUDA), Python, NumPy, and the private generators of the module, the DataModule,
-its reward and its judge (e.g. DPA's exploration RNG, a noisy judge's RNG). Resumed with ``ckpt_path``, a CPU
-run continues bitwise as the uninterrupted run would have.
+draws from: torch (CPU and CUDA), Python, NumPy, and the private generators of the module and the parts it
+owns, and of the experience layer's reward and judge (e.g. DPA's exploration RNG, a noisy judge's RNG). Resumed
+with ``ckpt_path``, a CPU run continues bitwise as the uninterrupted run would have.
 """
 from __future__ import annotations
 
@@ -22,35 +22,33 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 
-def _private_generators(sources: dict[str, Any], datamodule: Any) -> dict[str, random.Random | torch.Generator]:
-    """Every ``random.Random`` / ``torch.Generator`` attribute of ``sources`` (name -> object: the module and
-    the parts it owns, its ``random_sources()``), of the DataModule, its reward and its judge, by
+def _private_generators(sources: dict[str, Any]) -> dict[str, random.Random | torch.Generator]:
+    """Every ``random.Random`` / ``torch.Generator`` attribute of ``sources`` (owner name -> object: the module
+    and the parts it owns, its ``random_sources()``, and the experience layer's reward and judge), by
     ``<owner>.<attribute>``."""
-    reward = getattr(datamodule, "reward", None)
-    owners = {**sources, "data": datamodule, "reward": reward, "judge": getattr(reward, "judge", None)}
-    return {f"{owner}.{name}": value for owner, obj in owners.items() if obj is not None
+    return {f"{owner}.{name}": value for owner, obj in sources.items() if obj is not None
             for name, value in vars(obj).items() if isinstance(value, (random.Random, torch.Generator))}
 
 
-def capture_rng(sources: dict[str, Any], datamodule: Any) -> dict[str, Any]:
-    """Every random state a training step may draw from (see the module docstring); ``sources``: the module's
-    ``random_sources()``."""
+def capture_rng(sources: dict[str, Any]) -> dict[str, Any]:
+    """Every random state a training step may draw from (see the module docstring); ``sources``: the owners of
+    private generators (the module's ``random_sources()`` with the experience layer's)."""
     return {
         "torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         "private": {k: g.getstate() if isinstance(g, random.Random) else g.get_state()
-                    for k, g in _private_generators(sources, datamodule).items()},
+                    for k, g in _private_generators(sources).items()},
     }
 
 
-def restore_rng(state: dict[str, Any], sources: dict[str, Any], datamodule: Any) -> None:
+def restore_rng(state: dict[str, Any], sources: dict[str, Any]) -> None:
     """Put back what :func:`capture_rng` returned."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-    for key, generator in _private_generators(sources, datamodule).items():
+    for key, generator in _private_generators(sources).items():
         if key in state["private"]:
             saved = state["private"][key]
             generator.setstate(saved) if isinstance(generator, random.Random) else generator.set_state(saved)

@@ -137,7 +137,7 @@ class Reward(Protocol):
 class CreditEstimator(ABC):
     """``RolloutBatch -> CreditOutput``: per-token advantages, zero wherever ``response_mask == 0``.
 
-    A small plain class with keyword-only, type-hinted ``__init__`` arguments stored as attributes, or a frozen,
+    A small plain class with keyword-only, type-hinted ``__init__`` arguments stored as attributes, or a
     keyword-only dataclass of its settings (TCPO's and SLCA's: one settings object per family), so Hydra
     (``_target_``) and LightningCLI (``class_path``) build the same object. Every estimator first runs
     :func:`~lit_credit.credit.registry.check_batch` on the fields it reads, so an empty batch, a field with the

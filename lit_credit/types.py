@@ -6,7 +6,7 @@ Shapes: ``B`` rollouts, ``T`` tokens (prompt + response, right-padded), ``K`` tu
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -258,11 +258,13 @@ class GameRecord:
     cases: [N] long, the case of each of the round's N decisions in the game's taxonomy (DPA's, into
         ``lit_credit.rewards.dpa.CASES``); a decision's rows carry it in the credit trace (:attr:`CreditTrace.cases`).
 
-    A game's own record (the form game's ``FormGameRecord``) adds its fields and its :meth:`metrics`.
+    A game's own record (the form game's ``FormGameRecord``) adds its fields, its :meth:`metrics` and its
+    ``headline``: the one metric (a key of :meth:`metrics` after ``<stage>/``) a progress bar shows, or None.
     """
 
     actions: dict[str, RoleActions | None]
     cases: Tensor
+    headline: ClassVar[str | None] = None
 
     def metrics(self, stage: str) -> dict[str, float]:
         """The round's metrics under ``<stage>/`` (none here; a game's record defines its own)."""

@@ -102,8 +102,8 @@ def test_engine_down_for_a_whole_step_scores_failures_and_training_goes_on(make_
                                                  "data.prompts_per_step=4", "data.sampling.n=4"))
     datamodule.experience.engine = DownEngine(down=3)  # step 1: attempt 0 and both retries fail; step 2 works
     seen = []
-    generate = datamodule.generate_experience
-    datamodule.generate_experience = lambda *a, **k: seen.append(generate(*a, **k)) or seen[-1]
+    draw = datamodule.experience.draw
+    datamodule.experience.draw = lambda *a, **k: seen.append(draw(*a, **k)) or seen[-1]
     logged = []
     log_dict = module.log_dict
     module.log_dict = lambda d, **k: logged.append(dict(d)) or log_dict(d, **k)
@@ -123,7 +123,8 @@ def test_engine_down_for_a_whole_step_scores_failures_and_training_goes_on(make_
 def test_a_raising_reward_or_environment_and_nonfinite_rewards_are_zeroed_and_counted(make_cfg):
     module, datamodule, _ = build(make_cfg("data.prompts_per_step=2", "data.sampling.n=2", "callbacks=none"))
     datamodule.setup()
-    datamodule.bind(module.policy, module.tokenizer)
+    experience = datamodule.experience
+    experience.bind(module.policy, module.tokenizer)
     rows = [datamodule.train_set[i] for i in range(2)]
     calls = iter([ValueError("bug"), RewardResult(float("nan"), {"correct": 1.0}),
                   RewardResult(1.0, {"correct": math.inf}), RewardResult(0.5, {"correct": 0.0})])
@@ -134,21 +135,21 @@ def test_a_raising_reward_or_environment_and_nonfinite_rewards_are_zeroed_and_co
             raise out
         return out
 
-    datamodule.experience.reward = reward
+    experience.reward = reward
     counts = CountsSince()
-    batch = datamodule.generate_experience(rows)
+    batch = experience.draw(rows)
     # rollout 0: the reward raised -> score 0, part missing -> 0; 1: NaN score -> 0; 2: inf part -> 0
     assert batch.scores.tolist() == [0.0, 0.0, 1.0, 0.5]
     assert batch.reward_parts["correct"].tolist() == [0.0, 1.0, 0.0, 0.0]
     assert changed(counts) == {"backend/reward/errors": 1.0, "backend/reward/nonfinite": 2.0}
 
-    class Broken(type(datamodule.env)):
+    class Broken(type(experience.env)):
         def step(self, row, turn, text):
             raise KeyError("env bug")
 
-    datamodule.experience.env = Broken()
-    datamodule.experience.reward = lambda row, replies, **kw: RewardResult(1.0)
-    batch = datamodule.generate_experience(rows)
+    experience.env = Broken()
+    experience.reward = lambda row, replies, **kw: RewardResult(1.0)
+    batch = experience.draw(rows)
     assert batch.scores.tolist() == [1.0] * 4 and torch.isfinite(batch.behaviour_logprobs).all()
     assert changed(counts) == {"backend/environment/errors": 4.0}
 

@@ -25,10 +25,10 @@ def describe(module, datamodule) -> dict:
         **{k: module.hparams[k] for k in ("ppo_epochs", "num_minibatches", "max_grad_norm", "dynamic_sampling",
                                           "max_logprob_gap")},
         "policy": module.source.prepare(),
-        "sampling": datamodule.sampling, "prompts_per_step": datamodule.prompts_per_step,
-        "val_prompts": datamodule.val_prompts, "val_samples": datamodule.val_samples,
+        "sampling": datamodule.experience.sampling, "prompts_per_step": datamodule.prompts_per_step,
+        "val_prompts": datamodule.val_prompts, "val_samples": datamodule.experience.val_samples,
         "embedded": module.source.embedded.recipe, "engine": type(datamodule.experience.engine).__name__,
-        "task": vars(datamodule.task) | {"_splits": None}, "reward": type(datamodule.reward).__name__,
+        "task": vars(datamodule.task) | {"_splits": None}, "reward": type(datamodule.experience.reward).__name__,
     }
 
 

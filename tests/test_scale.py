@@ -42,15 +42,16 @@ RUN = ["callbacks=none", "~logger", "validate_first=false", f"trainer.max_steps=
 
 
 class FixedExperience(RolloutDataModule):
-    """Serves precomputed RolloutBatches (one per step, from the file ``batches``): all rows on one process,
-    rank r's contiguous ``1 / world_size`` of them (whole groups) otherwise. The engine (HFEngine on the
-    trainer's policy: binding and weight sync are no-ops) never generates."""
+    """Serves precomputed RolloutBatches (one per step, from the file ``batches``) as the experience layer's
+    training draw: all rows on one process, rank r's contiguous ``1 / world_size`` of them (whole groups)
+    otherwise. The engine (HFEngine on the trainer's policy: binding and weight sync are no-ops) never generates."""
 
     def __init__(self, *args: Any, batches: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.batches, self._steps, self._calls = batches, None, 0
+        self.experience.draw = self.fixed_draw
 
-    def generate_experience(self, rows, sampling=None) -> RolloutBatch:
+    def fixed_draw(self, rows) -> RolloutBatch:
         if self._steps is None:
             self._steps = torch.load(self.batches, weights_only=False)
         batch, self._calls = self._steps[self._calls], self._calls + 1
@@ -135,9 +136,9 @@ def experience(tmp_path_factory, cache_dir) -> Path:
     GlobalHydra.instance().clear()
     module, datamodule, _ = build(cfg)
     datamodule.setup("fit")
-    datamodule.bind(module.policy, module.tokenizer)
+    datamodule.experience.bind(module.policy, module.tokenizer)
     loader = iter(datamodule.train_dataloader())
-    batches = [datamodule.generate_experience(next(loader)) for _ in range(STEPS)]
+    batches = [datamodule.experience.draw(next(loader)) for _ in range(STEPS)]
     scores = torch.Generator().manual_seed(0)
     for b in batches:
         b.scores = torch.rand(len(b), generator=scores)  # the tiny policy is mostly wrong: give every group a spread

@@ -88,7 +88,7 @@ def omission_guard(
     return torch.where(rows, 0, tool_score), torch.where(omitted, score_total, summary_score), omitted
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class SLCASettings:
     """SLCA's settings, passed whole to :func:`slca_advantages` (and, with TCPO's, to
     :func:`~lit_credit.credit.slca_tcpo.slca_tcpo_advantages`). :class:`SLCACredit` is this dataclass, so each
@@ -121,7 +121,7 @@ def slca_advantages(
     summary_score: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
-    settings: SLCASettings = SLCASettings(),
+    settings: SLCASettings | None = None,
     *,
     score_total: Tensor | None = None,
     should_call_but_no_call: Tensor | None = None,
@@ -146,6 +146,7 @@ def slca_advantages(
         process_score, summary_score, group_ids, score_total, should_call_but_no_call: [B];
         response_mask: [B, T]. Output advantages: [B, T]; ``parts["tool"]``, ``parts["summary"]``: [B].
     """
+    settings = SLCASettings() if settings is None else settings
     tool_mask, summary_mask, n_tool, n_sum = segments(response_mask)
     s_tool, s_sum, omitted = omission_guard(process_score, summary_score, score_total, should_call_but_no_call)
     w_process, w_summary = settings.segment_weights(reward_weights)
@@ -250,7 +251,7 @@ def omission_checks(batch: RolloutBatch, keys: tuple[str, ...]) -> dict[str, Ten
 
 
 @register("slca")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class SLCACredit(SLCASettings, CreditEstimator):
     """:func:`slca_advantages` of ``batch.reward_parts["process"]`` and ``["summary"]``; the estimator is its
     :class:`SLCASettings` (one keyword argument, and one ``credit.<field>`` key, per field).

@@ -32,7 +32,7 @@ from lit_credit.credit.tokens import merge_moments, moment_metrics, segment_mome
 from lit_credit.types import CreditOutput, RolloutBatch
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class SLCATCPOSettings(SLCASettings, TCPOSettings):
     """SLCA x TCPO's settings, passed whole to :func:`slca_tcpo_advantages`: TCPO's
     (:class:`~lit_credit.credit.tcpo.TCPOSettings`, for the tool turns) and SLCA's
@@ -60,7 +60,7 @@ def slca_tcpo_advantages(
     response_mask: Tensor,
     turn_ids: Tensor,
     group_ids: Tensor,
-    settings: SLCATCPOSettings = SLCATCPOSettings(),
+    settings: SLCATCPOSettings | None = None,
     *,
     score_total: Tensor | None = None,
     should_call_but_no_call: Tensor | None = None,
@@ -100,6 +100,7 @@ def slca_tcpo_advantages(
         alt_scores: [B, K, M] (NaN where not sampled), cf_mask: [B, K]. Output advantages: [B, T];
         ``parts["turn"]`` (A_turn) [B, K], ``parts["summary"]`` (A_sum) [B].
     """
+    settings = SLCATCPOSettings() if settings is None else settings
     tool_mask, summary_mask, n_tool, n_sum = segments(response_mask)
     mask = tool_turn_mask.bool()
     s_turn, s_sum, omitted = omission_guard(tool_scores, summary_score, score_total, should_call_but_no_call)
@@ -126,7 +127,7 @@ def slca_tcpo_advantages(
 
 
 @register("slca_tcpo")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class SLCATCPOCredit(SLCATCPOSettings, CreditEstimator):
     """:func:`slca_tcpo_advantages` of the reward's per-turn tool scores ``batch.turn_parts["tool_scores"]``
     and ``["tool_turn_mask"]`` ([B, K], from :class:`~lit_credit.rewards.HierRReward`), its parts

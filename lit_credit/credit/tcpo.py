@@ -135,7 +135,7 @@ def select_counterfactual_turns(
     return (rank < top_l).view_as(mask) & mask
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class TCPOSettings:
     """TCPO's settings, passed whole to :func:`tcpo_turn_advantages`. :class:`TCPOCredit` is this dataclass, so
     each field is also the config key ``credit.<field>`` (conf/credit/tcpo.yaml, which a test holds to these
@@ -181,7 +181,7 @@ def tcpo_turn_advantages(
     scores: Tensor,
     turn_mask: Tensor,
     group_ids: Tensor,
-    settings: TCPOSettings = TCPOSettings(),
+    settings: TCPOSettings | None = None,
     *,
     alt_scores: Tensor | None = None,
     cf_mask: Tensor | None = None,
@@ -207,6 +207,7 @@ def tcpo_turn_advantages(
         alt_scores: [B, K, M] (NaN where not sampled), cf_mask: [B, K] bool. Output: [B, K], 0 on turns
         not reached.
     """
+    settings = TCPOSettings() if settings is None else settings
     preset, normalize, eps = settings.preset, settings.normalize, settings.eps
     mask = turn_mask.bool()
     scores = torch.where(mask, scores, 0)
@@ -331,7 +332,7 @@ def counterfactual_inputs(batch: RolloutBatch, needs: frozenset[str], *, credit:
 
 
 @register("tcpo")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class TCPOCredit(TCPOSettings, CreditEstimator):
     """:func:`tcpo_turn_advantages` of ``batch.turn_scores`` spread onto the tokens by ``batch.turn_ids``; the
     estimator is its :class:`TCPOSettings` (one keyword argument, and one ``credit.<field>`` key, per field).

@@ -17,7 +17,7 @@ from lit_credit.models.chunked_head import check_chunkable
 from lit_credit.models.logprobs import length_buckets, token_logprobs
 from lit_credit.models.policy import PolicySource, is_peft
 from lit_credit.rollout import Experience
-from lit_credit.types import RolloutBatch, SamplingParams
+from lit_credit.types import RolloutBatch
 
 # Checkpoints hold the state after step N's update, consistent with global_step = N: that is what we want.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
@@ -35,8 +35,9 @@ class PolicyModule(L.LightningModule):
     first), the frozen reference when ``uses_reference`` (a deep copy; for a LoRA policy the base with adapters
     disabled, no copy), the optimiser and scheduler factories, ``max_grad_norm`` and the log-prob micro-batch
     budget. Provides log-probs at the batch's temperature, gradient clipping, FSDP2 sharding, the dropout-off
-    RL mode and exact resume (every random state of the module, its :meth:`random_sources`, the DataModule,
-    reward and judge in the checkpoint).
+    RL mode and exact resume (every random state of the module, its :meth:`random_sources`, the DataModule's
+    position, the reward's and judge's generators in the checkpoint). Every generation goes through
+    :attr:`experience`, the DataModule's experience layer, bound to the policy once in :meth:`setup`.
     """
 
     def __init__(self, policy: PolicySource, uses_reference: bool, optimizer: OptimizerCallable = torch.optim.AdamW,
@@ -106,30 +107,31 @@ class PolicyModule(L.LightningModule):
             fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_root)
 
     @property
-    def rollouts(self):
-        """The DataModule (prompt stream, group ids)."""
-        return self.trainer.datamodule
-
-    @property
     def experience(self) -> Experience:
-        """The experience layer every generation of a step goes through (bound to the policy)."""
-        return self.trainer.datamodule.bind(self.policy, self.tokenizer)
+        """The experience layer every generation of a step goes through (the DataModule's
+        :class:`~lit_credit.rollout.Experience`: draws, refills, validation, roles; bound to the policy in
+        :meth:`setup`)."""
+        return self.trainer.datamodule.experience
 
-    def draw(self, rows: list[dict[str, Any]], sampling: SamplingParams | None = None) -> RolloutBatch:
-        """The rollouts of ``rows`` with the current weights (the DataModule mints their group ids; ``sampling``
-        None: the training step's draw of the dataloader's batch at the train sampling), on CPU."""
-        self.rollouts.bind(self.policy, self.tokenizer)
-        return self.rollouts.generate_experience(rows, sampling)
+    def setup(self, stage: str) -> None:
+        """Bind the policy to the experience layer, once (the engine gets it at its first use, after a resumed
+        run's checkpoint restored the weights)."""
+        self.experience.bind(self.policy, self.tokenizer)
 
     def random_sources(self) -> dict[str, Any]:
         """Objects whose private random generators a checkpoint saves: the module itself; subclasses add the
         parts they own (augmenters, a game)."""
         return {"module": self}
 
+    def _rng_owners(self) -> dict[str, Any]:
+        """Every owner of a private generator a checkpoint saves: :meth:`random_sources` and the experience
+        layer's (reward, judge)."""
+        return {**self.random_sources(), **self.experience.random_sources()}
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Every rank's random states (every rank calls this; rank 0 writes the file): rank 0's as
         ``rng_states``, and with several processes each rank's in ``rng_states_by_rank``."""
-        states = gather_objects(capture_rng(self.random_sources(), self.trainer.datamodule))
+        states = gather_objects(capture_rng(self._rng_owners()))
         checkpoint["rng_states"] = states[0]
         if len(states) > 1:
             checkpoint["rng_states_by_rank"] = states
@@ -147,13 +149,13 @@ class PolicyModule(L.LightningModule):
         that might draw on setup ran."""
         self.policy.eval()
         if self._resume_rng is not None:
-            restore_rng(self._resume_rng, self.random_sources(), self.trainer.datamodule)
+            restore_rng(self._resume_rng, self._rng_owners())
             self._resume_rng = None
 
     def on_validation_epoch_end(self) -> None:
         """Validation's generation is done: release the engine (an engine in sleep mode sleeps, an FSDP2 policy
         gathered for generation is resharded), as the training step does after its rollouts."""
-        self.trainer.datamodule.experience.release()
+        self.experience.release()
 
     def _logprobs(
         self, model: torch.nn.Module, batch: RolloutBatch, entropy: bool = False

@@ -20,7 +20,7 @@ from lit_credit.models.policy import PolicySource
 from lit_credit.rollout.seeds import mix_seed
 from lit_credit.types import CreditTrace, RolloutBatch, cat_batches
 
-MINIBATCH_STREAM = 2  # the seed stream of the minibatch splits (0, 1: the DataModule's rollout streams)
+MINIBATCH_STREAM = 2  # the seed stream of the minibatch splits (0, 1: the experience layer's rollout streams)
 
 
 def sum_counts_nanmean(key: str) -> Any:
@@ -41,7 +41,7 @@ class GRPOModule(PolicyModule):
     """GRPO-family policy optimisation with manual optimisation.
 
     One training step (:meth:`training_step`, one named phase each): :meth:`collect` the rollouts with the
-    current weights (from the DataModule through the experience layer; with ``dynamic_sampling``, refilled as
+    current weights (through the experience layer, ``self.experience``; with ``dynamic_sampling``, refilled as
     below) -> :meth:`augment_experience` -> ``experience.release()`` (an engine in sleep mode sleeps) ->
     :meth:`anchor_logprobs` (old and reference) -> :meth:`assign_credit` (``credit(batch)`` token advantages)
     -> :meth:`update`: ``ppo_epochs`` x ``num_minibatches`` updates of ``loss`` with gradient clipping (each
@@ -62,8 +62,8 @@ class GRPOModule(PolicyModule):
 
     Dynamic sampling (DAPO): a group whose rewards are all equal has zero advantage and is dropped. While the
     step holds fewer than ``prompts_per_step`` groups with a reward spread and fewer than ``max_sampling_draws``
-    prompt batches were drawn, the DataModule draws the stream's next batch
-    (:meth:`~data_modules.RolloutDataModule.refill_experience`); the first ``prompts_per_step`` such groups in
+    prompt batches were drawn, the experience layer draws the stream's next batch
+    (:meth:`~lit_credit.rollout.Experience.refill`); the first ``prompts_per_step`` such groups in
     draw order are kept, extras dropped. At the cap the step trains on the informative groups found, and on
     the first draw with all advantages 0 when there is none, without moving the weights (no gradient reaches
     the optimiser, so AdamW's momentum does not move them either): the run always advances (DAPO's trainer
@@ -74,7 +74,7 @@ class GRPOModule(PolicyModule):
     the one-process run's. A rank left without a group (fewer kept groups than ranks) runs weight-0 passes.
 
     Several processes (DDP, FSDP2): each rank trains on its share of the step's prompt groups (the
-    DataModule's), whole groups, so group statistics are exact; each minibatch's loss normaliser is the whole
+    experience layer's), whole groups, so group statistics are exact; each minibatch's loss normaliser is the whole
     minibatch's (:meth:`minibatch_loss`); the logged rollout metrics and the credit records are computed from
     every rank's rollouts (:func:`~lit_credit.distributed.gather_batch`), the loss metrics reduced over the
     ranks (:meth:`over_ranks`). Logged: ``train/sampling_draws``, ``train/kept_frac``
@@ -144,7 +144,7 @@ class GRPOModule(PolicyModule):
         """The step's rollouts with the current weights (and, with ``dynamic_sampling``, refills): (this rank's
         batch to train on, whether the step holds an informative group, rollout and sampling metrics over every
         draw of every rank)."""
-        batch = self.draw(rows).to(self.device)
+        batch = self.experience.draw(rows).to(self.device)
         generation_s, informative, sampling, drawn = self.experience.last_generation_s, True, {}, batch
         if self.dynamic_sampling:
             drawn, generation_s = self.draw_until_informative(batch, len(rows))
@@ -157,7 +157,7 @@ class GRPOModule(PolicyModule):
                 self.step_batch, self.step_ranks = gather_batch(batch.select(torch.empty(0, dtype=torch.long))
                                                                 if self.padding_only else batch, pad)
         counts: dict[str, float] = {}
-        for rank_counts in gather_objects(self.rollouts.backend_counts.take()):
+        for rank_counts in gather_objects(self.experience.backend_counts.take()):
             counts = {k: counts.get(k, 0.0) + rank_counts.get(k, 0.0) for k in counts | rank_counts}
         logs = {**self.rollout_metrics(whole, "train"), **sampling, **counts, "perf/generation_s": generation_s,
                 "perf/rollout_tokens_per_s": whole.response_mask.sum().item() / max(generation_s, 1e-9)}
@@ -170,7 +170,7 @@ class GRPOModule(PolicyModule):
         draws, generation_s = [batch], self.experience.last_generation_s
         found = self.informative_groups(batch)
         while found < prompts and len(draws) < self.max_sampling_draws:
-            draws.append(self.rollouts.refill_experience().to(batch.input_ids.device))
+            draws.append(self.experience.refill().to(batch.input_ids.device))
             generation_s += self.experience.last_generation_s
             found += self.informative_groups(draws[-1])
         return cat_batches(draws, self.experience.codec.pad_id), generation_s  # once, however many draws
@@ -262,7 +262,7 @@ class GRPOModule(PolicyModule):
         the same on 1 or N processes."""
         counts = gather_objects(rows)
         offset, total = sum(counts[:world()[0]]), sum(counts)
-        seed = mix_seed(getattr(self.rollouts, "seed", 0), MINIBATCH_STREAM, self.global_step, epoch)
+        seed = mix_seed(self.experience.seed, MINIBATCH_STREAM, self.global_step, epoch)
         order = torch.randperm(total, generator=torch.Generator().manual_seed(seed)).to(self.device)
         return [chunk[(chunk >= offset) & (chunk < offset + rows)] - offset for chunk in order.chunk(self.num_minibatches)]
 
@@ -355,15 +355,15 @@ class GRPOModule(PolicyModule):
         """The held-out rows greedy (``val/``: :meth:`rollout_metrics`) and, with ``data.val_samples = n > 0``,
         n samples each at T = 1 (every rank its share of the rows, the metrics over all of them; ``val/sampled/``: the same metrics, ``zero_variance_groups`` kept, plus
         ``pass@1..n`` at ``data.val_success``), isolated from the training RNG
-        (:meth:`~data_modules.RolloutDataModule.sampled_validation`)."""
-        pad = self.experience.codec.pad_id if self.experience.codec is not None else 0
-        batch = gather_batch(self.draw(rows, self.rollouts.val_sampling), pad)[0]  # every rank's share
+        (:meth:`~lit_credit.rollout.Experience.sampled_validation`)."""
+        pad = self.experience.codec.pad_id
+        batch = gather_batch(self.experience.draw_validation(rows), pad)[0]  # every rank's share
         logs = self.rollout_metrics(batch, "val")
         logs.pop("val/zero_variance_groups")
-        sampled = self.rollouts.sampled_validation(rows)
+        sampled = self.experience.sampled_validation(rows)
         if sampled is not None:
-            sampled = gather_batch(sampled.to(self.device), self.experience.codec.pad_id)[0]
+            sampled = gather_batch(sampled.to(self.device), pad)[0]
             logs |= self.rollout_metrics(sampled, "val/sampled")
-            logs |= pass_at_k_metrics(sampled, self.rollouts.val_success, "val/sampled")
+            logs |= pass_at_k_metrics(sampled, self.experience.val_success, "val/sampled")
         self.log_dict(logs, batch_size=len(rows), prog_bar=False)
         self.log("val_reward", logs["val/reward/mean"], prog_bar=True, logger=False, batch_size=len(rows))

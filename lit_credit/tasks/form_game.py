@@ -48,7 +48,7 @@ temperature they were sampled at.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -75,6 +75,10 @@ from lit_credit.rewards.form_line import line_correct, parse_value
 from lit_credit.tasks.form import ROLES, action_text, parse_decision, role_prompt
 from lit_credit.types import Action, Completion, GameRecord, RoleActions, RolloutBatch, SamplingParams
 
+# Which of DPA-GRPO's two LoRA adapters plays each role (game.role_adapters): the generator proposes, revises and
+# approves; the verifier challenges.
+ROLE_ADAPTERS = {"proposer": "generator", "verifier": "verifier", "reviser": "generator", "approver": "generator"}
+
 
 def decision_action(line: str, decision: str) -> Action:
     """The canonical action of a verifier / approver decision (:func:`~lit_credit.tasks.form.action_text`): NS,
@@ -87,8 +91,9 @@ class FormGameRecord(GameRecord):
     """One round of the game over N line decisions (one per proposal): the record every game returns (each role's
     action sequences, ``actions``: ``verifier``, ``approver``, ``revisions``, None where a role has none this
     round; the [N] long DPA ``cases``, into :data:`~lit_credit.rewards.dpa.CASES`), then [N] bool flags and the
-    round's counts."""
+    round's counts. The progress bar shows ``final/strict``."""
 
+    headline = "final/strict"
     x_correct: Tensor
     challenged: Tensor
     revised: Tensor
@@ -102,7 +107,9 @@ class FormGameRecord(GameRecord):
         """Under ``<stage>/``: ``final/strict``, ``final/lenient`` (line accuracy of the submitted values),
         ``dpa/sac_rate``, ``dpa/revise_rate`` (over the challenged), ``dpa/verifier_acc`` (SAC exactly when x is
         wrong), the counts (``dpa/unparsable/*``, ``dpa/truncated/verifier``, ``dpa/revision_groups``,
-        ``dpa/forced_revise_rate``, ``dpa/unforced_revise_rate``, ``dpa/revise_share`` (the one the bonus read), ``dpa/revise_bonus``, ``dpa/revision_correct``, ``dpa/shown_correct``) and
+        ``dpa/forced_revise_rate``, ``dpa/unforced_revise_rate``, ``dpa/revise_share`` (the one the bonus read),
+        ``dpa/revise_bonus`` (training only: no update at validation), ``dpa/revision_correct``,
+        ``dpa/shown_correct``) and
         ``dpa/case/<c>`` for the taxonomy 1 2 3 4 5a 5b 6a 6b."""
         n = max(len(self.x_correct), 1)
         sac = self.challenged.sum().item()
@@ -125,7 +132,8 @@ class FormGame:
     the roles' sampling being ``sampling`` with ``n=1``, ``max_new_tokens=role_max_new_tokens`` and no stop
     strings (the reviser's: ``n=revisions``, ``revision_temperature``). ``training=False`` (validation): one
     revision, no forced REVISE. The exploration draws come from ``self._explore`` (``random.Random(seed)``),
-    which the module's checkpoints save.
+    which the module's checkpoints save. ``role_adapters``: which of DPA-GRPO's adapters plays each of ``roles``
+    (None: :data:`ROLE_ADAPTERS`).
     """
 
     roles: tuple[str, ...] = ROLES
@@ -136,7 +144,8 @@ class FormGame:
                  revision_update: str = "paired", skip_unparsable_revisions: bool = True,
                  train_approver_without_revision: bool = True, revise_bonus_on: str = "reward",
                  revise_balance: float = 1.5, revise_target: float = 0.3, revise_share: str = "all",
-                 rarity_power: float = 1.0, explore_revise: float = 0.4, seed: int = 0) -> None:
+                 rarity_power: float = 1.0, explore_revise: float = 0.4, seed: int = 0,
+                 role_adapters: Mapping[str, str] | None = None) -> None:
         if revisions < 1:
             raise ValueError(f"game.revisions={revisions}: must be >= 1")
         if not 0 <= explore_revise <= 1:
@@ -157,6 +166,7 @@ class FormGame:
         self.train_approver_without_revision, self.revise_bonus_on = train_approver_without_revision, revise_bonus_on
         self.revise_balance, self.revise_target, self.revise_share = revise_balance, revise_target, revise_share
         self.rarity_power, self.explore_revise = rarity_power, explore_revise
+        self.role_adapters = dict(role_adapters if role_adapters is not None else ROLE_ADAPTERS)
         self._explore = random.Random(seed)
 
     def play(self, proposals: RolloutBatch, actor: Actor, sampling: SamplingParams,
@@ -243,8 +253,9 @@ class FormGame:
             "forced_revise_rate": sum(forced) / max(len(sac), 1),
             "unforced_revise_rate": sum(own) / max(len(sac), 1),
             "revise_share": share,
-            "revise_bonus": bonus,
         }
+        if training:  # the bonus shapes an update; validation has none
+            counts["revise_bonus"] = bonus
         if sac:
             counts["revision_correct"] = correct.float().mean().item()
             counts["shown_correct"] = z_correct[challenged].float().mean().item()
@@ -296,4 +307,4 @@ class FormGame:
                            paired=False, temperature=self.revision_temperature, sampled=True)
 
 
-__all__ = ["FormGame", "FormGameRecord", "decision_action"]
+__all__ = ["ROLE_ADAPTERS", "FormGame", "FormGameRecord", "decision_action"]

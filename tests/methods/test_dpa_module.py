@@ -154,9 +154,11 @@ def test_scripted_round_trains_both_adapters_on_the_role_batches(scripted_run):
     # The round (the game's rules: tests/tasks/test_form_game.py): per line a right and a wrong proposal; cases
     # 1 (1a right, NS), 5a (1a wrong), 2 (15 right, no parsable revision), 6a (15 wrong, KEEP).
     assert sorted(CASES[c] for c in record.cases.tolist()) == ["1", "2", "5a", "6a"]
-    verifier, (approver, paired, adapter), revisions = batches["verifier"][0], batches["approver"], batches["revisions"][0]
-    assert list(batches) == ["verifier", "approver", "revisions"] and (paired, adapter) == (True, "generator")
-    assert batches["verifier"][2] == "verifier" and batches["revisions"][2] == "generator"
+    verifier, approver, revisions = (batches[name][0] for name in ("verifier", "approver", "revisions"))
+    assert list(batches) == ["verifier", "approver", "revisions"] and record.actions["approver"].paired
+    assert [batches[name][1] for name in batches] == ["verifier", "approver", "reviser"]  # each set's role
+    assert module.role_adapters == {"proposer": "generator", "verifier": "verifier", "reviser": "generator",
+                                    "approver": "generator"}  # game.role_adapters (conf/game/form.yaml)
     # Role batches from the record: approver pairs from the table, its rarity weight in extras (no reward part).
     assert by_case(record, approver) == {"5a": [-0.3, 1.5], "2": [1.0, -0.25], "6a": [1.0, 0.0]}
     assert approver.extras["weight"].tolist() == [1.0] * 6 and "adv_bonus" not in approver.extras
@@ -200,10 +202,11 @@ def test_group_revisions_get_the_population_std_group_credit(scripted_run):
     # game.revision_update=group, shown first: the revision group is 1a wrong's parsable revisions [gold+7, gold,
     # gold] -> S_z [0, 1, 1], scored at revision_temperature, not paired. Population std: mean 2/3, std sqrt(2/9) =
     # 0.4714045 -> A = [-2/3, 1/3, 1/3] / 0.4714045 = [-1.4142135, 0.7071068, 0.7071068] on each row's tokens.
-    module, _e, _record, batches, _b, _t = scripted_run(NO_EXPLORE, "game.shown_revision=first",
-                                                        "game.revision_update=group")
-    revisions, paired, _adapter = batches["revisions"]
-    assert not paired and revisions.scores.tolist() == [0.0, 1.0, 1.0]
+    module, _e, record, batches, _b, _t = scripted_run(NO_EXPLORE, "game.shown_revision=first",
+                                                       "game.revision_update=group")
+    revisions, role = batches["revisions"]
+    assert role == "reviser" and not record.actions["revisions"].paired
+    assert revisions.scores.tolist() == [0.0, 1.0, 1.0]
     assert revisions.temperature == pytest.approx(0.7)
     trace = next(t for t in module.credit_trace if t.source == "revisions")
     mask = trace.batch.response_mask
@@ -226,7 +229,7 @@ def test_weight_and_advantage_bonus_enter_the_loss(make_cfg):
         acts = RoleActions("verifier", [prompt] * 4, actions, [0, 0, 1, 1], torch.tensor([1.0, 0.0, 1.0, 0.0]),
                            paired=True, weight=weight, adv_bonus=bonus)
         batch = role_batch(acts, codec)
-        return module.action_backward(batch, pairs=True)["loss/total"], batch
+        return module.action_backward(batch, "verifier")["loss/total"], batch
 
     base, batch = loss()
     with torch.no_grad():
@@ -261,10 +264,10 @@ def test_no_game_is_refused_at_setup(make_cfg):
 
 
 def test_the_exploration_generator_is_checkpointed(make_cfg):
-    module, datamodule, _t = build(make_cfg(*SMALL, fast_task=False))
+    module, _d, _t = build(make_cfg(*SMALL, fast_task=False))
     assert isinstance(module.game, FormGame) and module.random_sources() == {"module": module, "game": module.game}
     module.game._explore.random()  # moved off its seed: the checkpoint holds this state
-    saved = capture_rng(module.random_sources(), datamodule)["private"]
+    saved = capture_rng(module.random_sources())["private"]
     assert saved["game._explore"] == module.game._explore.getstate()
 
 
@@ -313,12 +316,12 @@ def test_grpo_form_is_the_papers_grpo_row(make_cfg):
     loss = module.loss
     assert isinstance(loss.surrogate, ReinforceSurrogate) and loss.aggregation == "seq-mean-token-sum"
     assert (loss.kl_coef, loss.kl_estimator) == (0.04, "k1")
-    assert (module.ppo_epochs, module.num_minibatches, datamodule.sampling.n) == (1, 1, 2)
+    assert (module.ppo_epochs, module.num_minibatches, datamodule.experience.sampling.n) == (1, 1, 2)
     batch = make_batch(torch.ones(2, 3), torch.tensor([0, 0]), torch.tensor([1.0, 0.0]))
     assert module.credit(batch).parts["rollout"].tolist() == pytest.approx([1.0, -1.0], abs=1e-7)
     # log-probs at T = 1 (the official completion_logprob_sum: log_softmax(logits)) of proposals sampled at
     # T 0.8: the trainer's log-probs of a batch that carries temperature 0.8 are those of softmax(logits / 1)
-    assert (module.logprob_temperature, datamodule.sampling.temperature) == (1.0, 0.8)
+    assert (module.logprob_temperature, datamodule.experience.sampling.temperature) == (1.0, 0.8)
     tokens = replace(batch, input_ids=torch.tensor([[5, 6, 7], [7, 6, 5]]), temperature=0.8)
     want = token_logprobs(module.policy, tokens.input_ids, tokens.attention_mask, None, temperature=1.0)[0]
     torch.testing.assert_close(module._logprobs(module.policy, tokens)[0], want)

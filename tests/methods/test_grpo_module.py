@@ -51,8 +51,8 @@ def test_one_step_moves_logprobs_along_the_advantage(make_cfg):
     module, datamodule, trainer = build(make_cfg("debug=fdr", "method.optimizer.lr=1e-3", "data.prompts_per_step=16",
                                                  "data.sampling.n=8", "loss.kl_coef=0"))
     seen = []
-    generate = datamodule.generate_experience
-    datamodule.generate_experience = lambda *a, **k: seen.append(generate(*a, **k)) or seen[-1]
+    draw = datamodule.experience.draw  # the training steps' draws
+    datamodule.experience.draw = lambda *a, **k: seen.append(draw(*a, **k)) or seen[-1]
     trainer.fit(module, datamodule=datamodule)
     batch = seen[0]
     advantages = module.credit(batch).advantages

@@ -27,8 +27,8 @@ def test_one_step_logs_success_exact_match_and_segment_gradient_cosine(experimen
     assert module.augment is None
     assert type(module.credit).__name__ == {"slca_toolcall": "SLCACredit", "grpo_toolcall": "GRPOCredit"}[experiment]
     seen = []
-    generate = datamodule.generate_experience
-    datamodule.generate_experience = lambda *a, **k: seen.append(generate(*a, **k)) or seen[-1]
+    draw = datamodule.experience.draw  # the training steps' draws
+    datamodule.experience.draw = lambda *a, **k: seen.append(draw(*a, **k)) or seen[-1]
     cosines, cosine = [], grpo_module.segment_grad_cosine  # grad_cosine_every=10: computed at step 0
     monkeypatch.setattr(grpo_module, "segment_grad_cosine", lambda *a: cosines.append(cosine(*a)) or cosines[-1])
     trainer.fit(module, datamodule=datamodule)
@@ -140,7 +140,7 @@ def test_slca_tcpo_resamples_tool_turns_scores_them_per_step_and_logs_step_accur
     cf = [out for n, out in engine.outputs if n == 2]
     assert len(cf) == 1
     rows = [batch.metadata[i]["row"] for i, _ in selected.nonzero().tolist()]
-    expected = [[datamodule.reward.turn_score(row, k, c.text) for c in alts]
+    expected = [[datamodule.experience.reward.turn_score(row, k, c.text) for c in alts]
                 for row, (_, k), alts in zip(rows, selected.nonzero().tolist(), cf[0])]
     torch.testing.assert_close(alt[selected], torch.tensor(expected, dtype=alt.dtype))
     assert torch.isnan(alt[~selected]).all()

@@ -99,19 +99,20 @@ def test_sampled_validation_is_reproducible_and_restores_every_random_state(tmp_
     cfg = compose_train([*FAST_TASK, *FAST_MODEL, *RUN, "data.val_samples=3"], tmp_path / "run", cache_dir)
     module, datamodule, _trainer = build(cfg)
     datamodule.setup("validate")
-    datamodule.bind(module.policy, module.tokenizer)
+    experience = datamodule.experience
+    experience.bind(module.policy, module.tokenizer)
     rows = list(datamodule.val_set)
     torch.manual_seed(123)
     random.seed(5)
-    before = (torch.get_rng_state(), random.getstate(), datamodule.next_group)
-    first = datamodule.sampled_validation(rows)
+    before = (torch.get_rng_state(), random.getstate(), experience.next_group)
+    first = experience.sampled_validation(rows)
     assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
-    assert datamodule.next_group == before[2]  # group ids 0..P-1, the training counter untouched
+    assert experience.next_group == before[2]  # group ids 0..P-1, the training counter untouched
     torch.manual_seed(999)  # whatever the training RNG holds, the samples are the same (seeded with data.seed)
-    again = datamodule.sampled_validation(rows)
+    again = experience.sampled_validation(rows)
     assert len(first) == 3 * len(rows) and first.group_ids.tolist() == [g for g in range(len(rows)) for _ in range(3)]
     assert torch.equal(first.input_ids, again.input_ids) and torch.equal(first.scores, again.scores)
-    assert datamodule.val_sampled.temperature == 1.0 and not datamodule.val_sampled.greedy
+    assert experience.val_sampled.temperature == 1.0 and not experience.val_sampled.greedy
 
 
 def test_dpa_validation_samples_the_proposals(tmp_path, cache_dir):

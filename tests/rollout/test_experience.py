@@ -100,7 +100,7 @@ def role(exp: Experience, codec) -> list[list[Completion]]:
 
 
 def rollouts(exp: Experience, codec) -> list[list[Completion]]:
-    batch = exp.rollouts(ROWS, [0, 1], SAMPLING)
+    batch = exp.rollout_groups(ROWS, [0, 1], SAMPLING)
     n = SAMPLING.n
     return [[Completion(ids[mask > 0].tolist(), [], m["replies"][0], m["finish"][0])
              for ids, mask, m in zip(batch.input_ids[i * n:(i + 1) * n], batch.response_mask[i * n:(i + 1) * n],
@@ -149,13 +149,15 @@ def test_no_prompt_no_engine_call(tokenizer):
     exp.release()
     counts = CountsSince()
     assert exp.sample([], SAMPLING) == [] and exp.sample_messages([], SAMPLING) == ([], [])
-    assert engine.calls == ["bind", "sleep"] and changed(counts) == {}  # not woken, not called, nothing counted
+    assert engine.calls == [] and changed(counts) == {}  # never handed the policy: not put to sleep, not called
 
 
 def test_generation_wakes_an_engine_that_release_put_to_sleep(tokenizer):
     engine = FakeEngine(sleep_mode=True)
     exp = experience(tokenizer, engine)
     prefix = [[1, 2]]
+    exp.release()  # the engine was not handed the policy yet (nothing generated): nothing to free
+    exp.sample(prefix, SAMPLING)  # its first use: bound, then it generates
     exp.release()
     exp.release()  # already asleep: no second sleep
     exp.sample(prefix, SAMPLING)
@@ -163,12 +165,12 @@ def test_generation_wakes_an_engine_that_release_put_to_sleep(tokenizer):
     exp.release()
     exp.sample_messages([ROWS[0]["prompt"]], SAMPLING)
     exp.release()
-    exp.rollouts(ROWS[:1], [0], SAMPLING)
+    exp.rollout_groups(ROWS[:1], [0], SAMPLING)
     exp.release()
     exp.sync_weights(torch.nn.Linear(1, 1))  # after the update: wake, then push
     exp.sync_weights(torch.nn.Linear(1, 1))  # awake: push only
     names = [c if isinstance(c, str) else c[0] for c in engine.calls]
-    assert names == ["bind", "sleep", "wake", "generate", "generate", "sleep", "wake", "generate",
+    assert names == ["bind", "generate", "sleep", "wake", "generate", "generate", "sleep", "wake", "generate",
                      "sleep", "wake", "generate", "sleep", "wake", "update_weights", "update_weights"]
 
 
@@ -182,21 +184,30 @@ def test_without_sleep_mode_release_and_sync_never_sleep_or_wake(tokenizer):
     assert not exp.sleep_mode and experience(tokenizer, FakeEngine(sleep_mode=True)).sleep_mode
 
 
-def test_bind_binds_once_per_engine_and_model(tokenizer):
+def test_the_engine_is_handed_the_policy_once_at_its_first_use(tokenizer):
     model, first, second = torch.nn.Linear(1, 1), FakeEngine(), FakeEngine()
     exp = Experience(first, SingleTurnEnvironment(), Constant(), SAMPLING, max_turns=1)
-    exp.bind(model, tokenizer)
-    exp.bind(model, tokenizer)  # same engine, same model: a no-op
-    exp.engine = second  # swapped in after the first bind (a test's scripted engine, say): bound at the next bind
-    exp.bind(model, tokenizer)
-    exp.bind(model, tokenizer)
-    assert first.calls == ["bind"] and second.calls == ["bind"] and exp.codec.pad_id == tokenizer.pad_token_id
+    exp.bind(model, tokenizer)  # the module's setup: the codec now, the engine at its first use
+    assert first.calls == [] and exp.codec.pad_id == tokenizer.pad_token_id
+    exp.sample([[1]], SAMPLING)
+    exp.sync_weights(model)  # bound already: the push only
+    exp.bind(model, tokenizer)  # the same policy again (a later stage's setup): a no-op
+    exp.sample([[1]], SAMPLING)
+    assert [c if isinstance(c, str) else c[0] for c in first.calls] == ["bind", "generate", "update_weights",
+                                                                        "generate"]
+    exp.engine = second  # swapped in after the first use (a test's scripted engine, say): bound at its own first use
+    exp.sync_weights(model)
+    exp.sample([[1]], SAMPLING)
+    assert [c if isinstance(c, str) else c[0] for c in second.calls] == ["bind", "update_weights", "generate"]
+    exp.bind(torch.nn.Linear(1, 1), tokenizer)  # another policy: handed to the engine at its next use
+    exp.sample([[1]], SAMPLING)
+    assert [c if isinstance(c, str) else c[0] for c in second.calls][3:] == ["bind", "generate"]
 
 
 def test_generation_before_bind_names_the_fix():
     exp = Experience(FakeEngine(), SingleTurnEnvironment(), Constant(), SAMPLING, max_turns=1)
     with pytest.raises(RuntimeError, match=r"before bind\(model, tokenizer\)"):
-        exp.rollouts(ROWS, [0, 1], SAMPLING)
+        exp.rollout_groups(ROWS, [0, 1], SAMPLING)
 
 
 class Verifier(SingleTurnEnvironment):
@@ -259,7 +270,7 @@ def test_rollouts_carry_the_part_weights_and_finite_turn_parts(tokenizer):
     exp = Experience(FakeEngine(), SingleTurnEnvironment(), reward, SamplingParams(n=2), max_turns=1)
     exp.bind(torch.nn.Linear(1, 1), tokenizer)
     counts = CountsSince()
-    batch = exp.rollouts(ROWS, [5, 6], SamplingParams(n=2, temperature=0.5))
+    batch = exp.rollout_groups(ROWS, [5, 6], SamplingParams(n=2, temperature=0.5))
     # Non-finite values are 0: the score inf (episode 1), process NaN (2), tool_scores NaN (0) and inf (1): 4.
     assert batch.scores.tolist() == [1.0, 0.0, 0.5, 0.0]
     assert batch.reward_parts["process"].tolist() == [0.5, 1.0, 0.0, 0.0]  # episode 3 has no process part: 0
@@ -273,7 +284,7 @@ def test_rollouts_carry_the_part_weights_and_finite_turn_parts(tokenizer):
     assert exp.last_generation_s > 0
     # A reward without part_weights: {}; the reward saw the engine's replies.
     plain = Constant()
-    assert experience(tokenizer, FakeEngine(), reward=plain).rollouts(ROWS[:1], [0], SAMPLING).reward_weights == {}
+    assert experience(tokenizer, FakeEngine(), reward=plain).rollout_groups(ROWS[:1], [0], SAMPLING).reward_weights == {}
     assert plain.seen == [("a", [f"p0r{j}"], [None]) for j in range(3)]
 
 
@@ -283,13 +294,13 @@ def test_a_raising_reward_scores_zero_and_a_wrong_return_type_names_the_fix(toke
 
     exp = experience(tokenizer, FakeEngine(), reward=raising)
     counts = CountsSince()
-    batch = exp.rollouts(ROWS[:1], [0], SAMPLING)
+    batch = exp.rollout_groups(ROWS[:1], [0], SAMPLING)
     assert batch.scores.tolist() == [0.0] * 3 and batch.reward_parts == {}
     assert changed(counts) == {"backend/reward/errors": 3.0}
     exp.reward = lambda row, replies, **kw: {"score": 1.0}  # the old dict return
     with pytest.raises(TypeError, match=r"reward function returned a dict: a reward returns a "
                                         r"lit_credit.types.RewardResult"):
-        exp.rollouts(ROWS[:1], [0], SAMPLING)
+        exp.rollout_groups(ROWS[:1], [0], SAMPLING)
 
 
 def batch(rows: int, width: int, turns: int, turn_parts, extras, weights) -> RolloutBatch:
@@ -328,29 +339,36 @@ def test_cat_batches_pads_turn_parts_and_extras_and_refuses_different_reward_wei
         cat_batches([a, batch(1, 4, 2, {}, {}, {"process": 0.25, "summary": 0.75})], pad_id=9)
 
 
-def test_the_datamodule_mints_groups_and_moves_the_stream_over_its_experience(tokenizer):
+def test_the_experience_layer_mints_groups_and_moves_the_datamodules_stream(tokenizer):
     from data_modules.rollout import RolloutDataModule
     from lit_credit.tasks import ArithTask
 
     data = RolloutDataModule(ArithTask(max_operand=9, num_test=4), Constant(), FakeEngine(), SamplingParams(n=2),
                              prompts_per_step=2, val_prompts=4)
-    data.setup()
-    exp = data.bind(torch.nn.Linear(1, 1), tokenizer)
-    assert exp is data.experience and data.sampling is exp.sampling and data.reward is exp.reward
-    assert exp.max_turns == data.env.max_turns == 1  # max_turns=None: the environment's own limit
+    exp = data.experience
+    exp.bind(torch.nn.Linear(1, 1), tokenizer)
+    with pytest.raises(RuntimeError, match=r"before the DataModule's setup"):
+        exp.draw([])
+    data.setup()  # attaches the prompt stream and this process's rank to the experience layer
+    assert exp.prompts is data.stream and (exp.rank, exp.world_size) == (0, 1)
+    assert exp.max_turns == exp.env.max_turns == 1  # max_turns=None: the environment's own limit
     rows = next(iter(data.train_dataloader()))  # the dataloader hands out batch 0 (pending until consumed)
     assert data.position == {"next_batch": 1, "pending": [0]}
-    batch = data.generate_experience(rows)  # the step's draw: batch 0 leaves pending; groups 0, 1 x n = 2
+    batch = exp.draw(rows)  # the step's draw: batch 0 leaves pending; groups 0, 1 x n = 2
     assert batch.group_ids.tolist() == [0, 0, 1, 1] and data.position == {"next_batch": 1, "pending": []}
-    refill = data.refill_experience()  # the stream's next batch, never served by the dataloader; groups 2, 3
+    refill = exp.refill()  # the stream's next batch, never served by the dataloader; groups 2, 3
     assert refill.group_ids.tolist() == [2, 2, 3, 3] and data.position["next_batch"] == 2
     assert [m["id"] for m in refill.metadata[::2]] == [r["id"] for r in data.stream.batch(1)]
-    val = data.generate_experience(list(data.val_set), data.val_sampling)  # greedy, n = 1; pending untouched
-    assert val.group_ids.tolist() == [4, 5, 6, 7] and val.temperature == 1.0 and data.next_group == 8
+    val = exp.draw_validation(list(data.val_set))  # greedy, n = 1; pending untouched
+    assert val.group_ids.tolist() == [4, 5, 6, 7] and val.temperature == 1.0 and exp.next_group == 8
     assert data.state_dict() == {"next_batch": 2, "pending": [], "next_group": 8}
+    fresh = RolloutDataModule(ArithTask(max_operand=9, num_test=4), Constant(), FakeEngine(), SamplingParams(n=2),
+                              prompts_per_step=2, val_prompts=4)
+    fresh.load_state_dict(data.state_dict())  # a resumed run: the stream's position and the group counter
+    assert fresh.position == data.position and fresh.experience.next_group == 8
 
 
-def test_the_datamodule_refuses_bad_settings_and_the_moved_names(tokenizer):
+def test_the_datamodule_refuses_bad_settings(tokenizer):
     from data_modules.rollout import RolloutDataModule
     from lit_credit.tasks import ArithTask
 
@@ -361,6 +379,5 @@ def test_the_datamodule_refuses_bad_settings_and_the_moved_names(tokenizer):
         RolloutDataModule(task, Constant(), FakeEngine(), SamplingParams(n=1))
     data = RolloutDataModule(task, Constant(), FakeEngine(), SamplingParams(n=2), max_turns=3)
     assert data.experience.max_turns == 3
-    for name in ("engine", "codec", "max_turns"):  # set on the DataModule, nothing would read it
-        with pytest.raises(AttributeError, match=rf"set datamodule.experience.{name}"):
-            setattr(data, name, None)
+    for name in ("engine", "codec", "max_turns", "sampling", "reward", "env", "bind", "generate_experience"):
+        assert not hasattr(data, name)  # the experience layer's alone: datamodule.experience.<name>

@@ -116,11 +116,11 @@ def test_experience_batches_carry_the_temperature_they_were_sampled_at(policy):
     task = ArithTask(max_operand=9, num_test=4)
     sampling = SamplingParams(n=2, temperature=0.7, max_new_tokens=4)
     data = RolloutDataModule(task, ExactMatchReward(), engine, sampling)
-    data.bind(model, tok)
+    data.setup()
+    data.experience.bind(model, tok)
     rows = list(task.dataset("test"))[:2]
-    assert data.generate_experience(rows).temperature == 0.7  # the train sampling
-    greedy = SamplingParams(n=1, greedy=True, max_new_tokens=4)
-    assert data.generate_experience(rows, greedy).temperature == 1.0
+    assert data.experience.draw(rows).temperature == 0.7  # the train sampling
+    assert data.experience.draw_validation(rows).temperature == 1.0  # greedy
 
 
 def test_stop_strings_end_the_turn(policy):
