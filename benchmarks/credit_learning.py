@@ -61,13 +61,14 @@ Families (``Setting`` dataclasses hold the knobs):
   often than ``modal``). The verifier sees a feature that says whether x is right with accuracy
   ``verifier_accuracy`` and picks SAC / NS (point: line x feature); on SAC a revision z is shown, right with
   probability ``revision_right``; the approver picks KEEP / REVISE (point: line), then in training a non-REVISE
-  is forced to REVISE with probability ``explore`` (0.4). Submitted value: z on REVISE, else x. Truth: the
+  is forced to REVISE with probability ``dpa.explore_revise`` (0.4). Submitted value: z on REVISE, else x. Truth: the
   submitted line's accuracy without exploration, exactly,
   ``J = mean_c [P_c (1 - sum_f P(f | right) s_cf r_c (1 - z)) + (1 - P_c) sum_f P(f | wrong) s_cf r_c z]`` with
   ``P_c = sum_v pi(v | c) p_c(v)``, ``s_cf = pi(SAC | c, f)``, ``r_c = pi(REVISE | c)``, ``z`` =
-  ``revision_right``; for GRPO on the proposals (no game) ``J = mean_c P_c``. The pair rewards are the form
-  game's own (:func:`~lit_credit.rewards.dpa.verifier_pair_rewards`, :func:`~lit_credit.rewards.dpa.approver_pair_rewards`),
-  the REVISE bonus ``balance * max(target - share, 0)`` with the share counted ``all`` or ``unforced``
+  ``revision_right``; for GRPO on the proposals (no game) ``J = mean_c P_c``. The settings are the form game's (``dpa``: a
+  :class:`~lit_credit.rewards.dpa.DPASettings`, a method's ``options['dpa']`` over it); the pair rewards are its
+  own (:func:`~lit_credit.rewards.dpa.verifier_pair_rewards`, :func:`~lit_credit.rewards.dpa.approver_pair_rewards`),
+  the REVISE bonus ``revise_balance * max(revise_target - share, 0)`` with the share counted ``all`` or ``unforced``
   (:func:`~lit_credit.rewards.dpa.revise_share`, per seed and step), on the REVISE reward or advantage, the
   rarity weights by official case id (:func:`~lit_credit.rewards.dpa.rarity_weights`, per seed and step), the
   DPA loss (``conf/loss/dpa.yaml``: REINFORCE, ``seq-mean-token-sum``, ``beta`` 0.04, k3) with
@@ -101,7 +102,7 @@ from lit_credit import credit
 from lit_credit.analysis.compare import detectable_effect, paired_t
 from lit_credit.credit.tcpo import select_counterfactual_turns
 from lit_credit.losses import ClippedSurrogate, PolicyLoss, ReinforceSurrogate
-from lit_credit.rewards.dpa import CASE_IDS, approver_pair_rewards, case_labels, verifier_pair_rewards
+from lit_credit.rewards.dpa import CASE_IDS, DPASettings, case_labels, verifier_pair_rewards
 from lit_credit.types import RolloutBatch
 
 FAMILIES = ("tool", "revision", "decision")
@@ -214,12 +215,12 @@ REVISION_METHODS = (Method("grpo", "grpo"), Method("mt_grpo", "mt_grpo"),
                       for p in ("trajectory", "turn", "diff", "retro", "retro_hindsight")],
                     Method("tcpo", "tcpo"))
 DECISION_METHODS = (Method("grpo", "grpo", {"unbiased": False, "eps": 1e-8}, {"game": False}),
-                    Method("dpa", "dpa", {}, {"revise_share": "all", "bonus_on": "reward"}),
-                    Method("dpa[unforced]", "dpa", {}, {"revise_share": "unforced", "bonus_on": "reward"}),
-                    Method("dpa[adv]", "dpa", {}, {"revise_share": "all", "bonus_on": "advantage"}),
-                    Method("dpa[adv,unforced]", "dpa", {}, {"revise_share": "unforced", "bonus_on": "advantage"}),
-                    Method("dpa+proposals", "dpa", {}, {"revise_share": "all", "bonus_on": "reward",
-                                                         "proposal_weight": 1.0}))
+                    Method("dpa", "dpa"),
+                    Method("dpa[unforced]", "dpa", {}, {"dpa": {"revise_share": "unforced"}}),
+                    Method("dpa[adv]", "dpa", {}, {"dpa": {"revise_bonus_on": "advantage"}}),
+                    Method("dpa[adv,unforced]", "dpa", {},
+                           {"dpa": {"revise_share": "unforced", "revise_bonus_on": "advantage"}}),
+                    Method("dpa+proposals", "dpa", {}, {"proposal_weight": 1.0}))
 METHODS = {"tool": TOOL_METHODS, "revision": REVISION_METHODS, "decision": DECISION_METHODS}
 
 
@@ -267,10 +268,7 @@ class DecisionSetting:
     modal: float = 0.6
     verifier_accuracy: float = 0.8
     revision_right: float = 0.6
-    explore: float = 0.4
-    balance: float = 1.5
-    target: float = 0.3
-    rarity_power: float = 1.0
+    dpa: DPASettings = field(default_factory=DPASettings)  # the form game's: table, shaping, exploration
     verifier_weight: float = 0.5
 
 
@@ -586,6 +584,7 @@ class DecisionFamily:
 
     def sets(self, policy: TablePolicy, gen: torch.Generator, method: Method, estimator) -> list[LossSet]:
         s, S, C = self.s, self.S, self.C
+        dpa = replace(s.dpa, **method.options.get("dpa", {}))  # the method's DPA settings over the setting's
         N = C * s.n
         ctx = torch.arange(N) // s.n
         u_x, u_gold, u_f, u_v, u_z, u_a, u_e = (_rand(gen, S, N) for _ in range(7))
@@ -601,7 +600,7 @@ class DecisionFamily:
         z_right = u_z < s.revision_right
         a_points = (3 * C + ctx).expand(S, N)
         own = (policy.sample(a_points, u_a, probs) == REVISE) & challenged
-        forced = challenged & ~own & (u_e < s.explore)
+        forced = challenged & ~own & (u_e < dpa.explore_revise)
         revised = own | forced
         seed = torch.arange(S)[:, None].expand(S, N)
         out: list[LossSet] = []
@@ -621,19 +620,19 @@ class DecisionFamily:
         ones = torch.ones_like(x_right)
         labels = case_labels(x_right.reshape(-1), challenged.reshape(-1), revised.reshape(-1), z_right.reshape(-1),
                              has_revision=ones.reshape(-1)).view(S, N)
-        share = revise_shares(own, forced, challenged, opts.get("revise_share", "all"))
-        bonus = s.balance * (s.target - share).clamp_min(0)  # [S], revise_bonus per seed
-        a_rewards = approver_pair_rewards(x_right.reshape(-1), z_right.reshape(-1), ones.reshape(-1)).view(S, N, 2)
-        weights = rarity(labels, challenged, s.rarity_power)
+        share = revise_shares(own, forced, challenged, dpa.revise_share)
+        bonus = dpa.revise_balance * (dpa.revise_target - share).clamp_min(0)  # [S], DPASettings.bonus per seed
+        a_rewards = dpa.approver_rewards(x_right.reshape(-1), z_right.reshape(-1), ones.reshape(-1)).view(S, N, 2)
+        weights = rarity(labels, challenged, dpa.rarity_power)
         on = challenged.reshape(-1)
-        if opts.get("bonus_on", "reward") == "reward":
+        if dpa.revise_bonus_on == "reward":
             a_rewards[..., 1] += bonus[:, None].to(a_rewards.dtype)
         if on.any():
             batch, seed_row, (pts, acts) = self._pairs(seed.reshape(-1)[on], a_points.reshape(-1)[on],
                                                        a_rewards.reshape(-1, 2)[on], decision[on], policy, table)
             batch.behaviour_logprobs = policy.token_logp(table, seed_row, pts, acts)
             adv = estimator(batch).advantages
-            if opts.get("bonus_on", "reward") == "advantage":  # DPAGRPOModule: adv + adv_bonus on the action tokens
+            if dpa.revise_bonus_on == "advantage":  # DPAGRPOModule: adv + adv_bonus on the action tokens
                 adv_bonus = torch.where(acts[:, 1] == REVISE, bonus[seed_row].float(), 0.0)
                 adv = adv + adv_bonus[:, None] * batch.response_mask
             mask = batch.response_mask * weights.reshape(-1)[on].repeat_interleave(2)[:, None].float()

@@ -12,7 +12,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from data_modules import RolloutDataModule
 from lit_credit.checkpoint import atomic_checkpoints
 from lit_credit.distributed import claim_run_dir
-from lit_credit.methods import GRPOModule
+from lit_credit.methods import PolicyModule
 from lit_credit.models import PolicySource
 from lit_credit.quiet import default_progress_bar, quiet
 
@@ -57,7 +57,7 @@ class CreditCLI(LightningCLI):
 
 def cli(args=None, run: bool = True) -> LightningCLI:
     quiet()  # also in the processes Lightning launches for the other ranks: they re-run this command
-    return CreditCLI(GRPOModule, RolloutDataModule, subclass_mode_model=True, args=args, run=run,
+    return CreditCLI(PolicyModule, RolloutDataModule, subclass_mode_model=True, args=args, run=run,
                      save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
 
 

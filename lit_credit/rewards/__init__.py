@@ -5,6 +5,7 @@ from lit_credit.rewards.dpa import (
     APPROVER_ACTIONS,
     CASES,
     VERIFIER_ACTIONS,
+    DPASettings,
     approver_pair_rewards,
     case_labels,
     case_shares,
@@ -28,7 +29,7 @@ from lit_credit.rewards.hierr import (
 from lit_credit.rewards.judges import JudgeResult, LLMJudge, RubricJudge, SummaryJudge, parse_rating
 from lit_credit.rewards.turns import FinalTurnReward
 
-__all__ = ["APPROVER_ACTIONS", "CASES", "VERIFIER_ACTIONS", "ExactMatchReward", "FinalTurnReward", "FormLineReward",
+__all__ = ["APPROVER_ACTIONS", "CASES", "VERIFIER_ACTIONS", "DPASettings", "ExactMatchReward", "FinalTurnReward", "FormLineReward",
            "HierRReward",
            "JudgeResult", "LLMJudge", "Reward", "RubricJudge", "SummaryJudge", "approver_pair_rewards",
            "case_labels", "case_shares", "final_reply", "informative_groups", "line_correct", "normalize_gold_calls",

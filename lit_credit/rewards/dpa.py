@@ -15,6 +15,7 @@ for :func:`lit_credit.credit.dpa_pair_advantages`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -196,6 +197,7 @@ def approver_pair_rewards(
 
 
 REVISE_SHARES = ("all", "unforced")
+REVISE_BONUS_ON = ("reward", "advantage")
 
 
 def revise_share(own_revise: Sequence[bool], forced: Sequence[bool], rule: str = "all") -> float:
@@ -248,6 +250,58 @@ def revise_bonus(revise_share: float, *, balance: float = 0.0, target: float = 0
     if not 0.0 <= float(revise_share) <= 1.0:
         raise ValueError(f"revise_share must be in [0, 1], got {revise_share}")
     return balance * max(target - float(revise_share), 0.0)
+
+
+@dataclass(kw_only=True)
+class DPASettings:
+    """DPA-GRPO's role-reward settings, passed whole: the approver table, the REVISE shaping, the rarity weight
+    and the exploration. A game that plays DPA's decisions is this dataclass (the form game:
+    :class:`~lit_credit.tasks.form_game.FormGame`, each field the config key ``game.<field>``, conf/game/form.yaml,
+    which a test holds to these fields and defaults); the credit-learning benchmark's decision family takes one.
+    A setting is added here and in the YAML file, nowhere else. Defaults: the official code's, with the paper's
+    shaping on.
+
+    - ``alpha``, ``cave``, ``miss``, ``unparsable``: the approver table (:func:`approver_pair_rewards`); ``alpha``
+      and ``unparsable`` also score the reviser (:func:`reviser_pair_rewards`, :func:`revision_rewards`).
+    - ``revise_balance``, ``revise_target``: the REVISE bonus ``balance * max(target - share, 0)``
+      (:meth:`bonus`, :func:`revise_bonus`).
+    - ``revise_share``: the share the bonus reads (:func:`revise_share`): ``all`` (official, forced REVISEs
+      counted) or ``unforced``.
+    - ``revise_bonus_on``: ``reward`` (official, added to the REVISE reward before pair normalisation) or
+      ``advantage`` (added to the REVISE row's advantage).
+    - ``rarity_power``: the approver pairs' weight ``(mean case count / case count)^rarity_power``
+      (:func:`rarity_weights`).
+    - ``explore_revise``: in training, a decision that is not REVISE is forced to REVISE with this probability.
+
+    A value outside its range or choices is a ``ValueError`` at construction naming ``game.<field>``.
+    """
+
+    alpha: float = 0.5
+    cave: float = 0.2
+    miss: float = 0.3
+    unparsable: float = -0.25
+    revise_balance: float = 1.5
+    revise_target: float = 0.3
+    revise_share: str = "all"
+    revise_bonus_on: str = "reward"
+    rarity_power: float = 1.0
+    explore_revise: float = 0.4
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.explore_revise <= 1:
+            raise ValueError(f"game.explore_revise={self.explore_revise}: must be in [0, 1]")
+        for key, valid in (("revise_share", REVISE_SHARES), ("revise_bonus_on", REVISE_BONUS_ON)):
+            if getattr(self, key) not in valid:
+                raise ValueError(f"game.{key}={getattr(self, key)!r}: use one of {', '.join(valid)}")
+
+    def approver_rewards(self, x_correct: Tensor, z_correct: Tensor, has_revision: Tensor) -> Tensor:
+        """:func:`approver_pair_rewards` with this table. Shape: [N] bool each -> [N, 2] (KEEP, REVISE)."""
+        return approver_pair_rewards(x_correct, z_correct, has_revision, alpha=self.alpha, cave=self.cave,
+                                     miss=self.miss, unparsable=self.unparsable)
+
+    def bonus(self, share: float) -> float:
+        """:func:`revise_bonus` ``revise_balance * max(revise_target - share, 0)`` of the step's REVISE share."""
+        return revise_bonus(share, balance=self.revise_balance, target=self.revise_target)
 
 
 def case_labels(

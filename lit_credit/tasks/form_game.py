@@ -50,6 +50,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -57,14 +58,12 @@ from torch import Tensor
 from lit_credit.interfaces import Actor
 from lit_credit.rewards.dpa import (
     APPROVER_ACTIONS,
-    REVISE_SHARES,
     SHOWN_REVISION_RULES,
     VERIFIER_ACTIONS,
-    approver_pair_rewards,
+    DPASettings,
     case_labels,
     case_shares,
     rarity_weights,
-    revise_bonus,
     revise_share,
     reviser_pair_rewards,
     revision_rewards,
@@ -124,8 +123,12 @@ class FormGameRecord(GameRecord):
         return logs | {f"{stage}/dpa/case/{c}": v for c, v in case_shares(self.cases).items()}
 
 
-class FormGame:
-    """The DPA game of the form task (see the module docstring for the rules and the keys).
+@dataclass(kw_only=True)
+class FormGame(DPASettings):
+    """The DPA game of the form task (see the module docstring for the rules and the keys): DPA's role-reward
+    settings (:class:`~lit_credit.rewards.dpa.DPASettings`, the table, the shaping, the exploration) and the form
+    game's own rules below, every field a key ``game.<field>`` (conf/game/form.yaml, held to these fields by a
+    test).
 
     ``play(proposals, actor, sampling, training)`` calls the actor once per role in the order verifier, reviser,
     approver (also with no prompt, so a module that switches adapters per call switches them every round alike),
@@ -136,43 +139,36 @@ class FormGame:
     (None: :data:`ROLE_ADAPTERS`).
     """
 
-    roles: tuple[str, ...] = ROLES
+    roles: ClassVar[tuple[str, ...]] = ROLES
 
-    def __init__(self, *, revisions: int = 5, revision_temperature: float = 0.7, role_max_new_tokens: int = 64,
-                 alpha: float = 0.5, cave: float = 0.2, miss: float = 0.3, unparsable: float = -0.25,
-                 shown_revision: str = "gold_first", unparsable_verdict: str = "SAC",
-                 revision_update: str = "paired", skip_unparsable_revisions: bool = True,
-                 train_approver_without_revision: bool = True, revise_bonus_on: str = "reward",
-                 revise_balance: float = 1.5, revise_target: float = 0.3, revise_share: str = "all",
-                 rarity_power: float = 1.0, explore_revise: float = 0.4, seed: int = 0,
-                 role_adapters: Mapping[str, str] | None = None) -> None:
-        if revisions < 1:
-            raise ValueError(f"game.revisions={revisions}: must be >= 1")
-        if not 0 <= explore_revise <= 1:
-            raise ValueError(f"game.explore_revise={explore_revise}: must be in [0, 1]")
-        choices = {"shown_revision": (shown_revision, SHOWN_REVISION_RULES),
-                   "unparsable_verdict": (unparsable_verdict, VERIFIER_ACTIONS),
-                   "revision_update": (revision_update, ("paired", "group")),
-                   "revise_bonus_on": (revise_bonus_on, ("reward", "advantage")),
-                   "revise_share": (revise_share, REVISE_SHARES)}
-        for key, (value, valid) in choices.items():
-            if value not in valid:
-                raise ValueError(f"game.{key}={value!r}: use one of {', '.join(valid)}")
-        self.revisions, self.revision_temperature, self.role_max_new_tokens = (revisions, revision_temperature,
-                                                                               role_max_new_tokens)
-        self.table = {"alpha": alpha, "cave": cave, "miss": miss, "unparsable": unparsable}
-        self.shown_revision, self.unparsable_verdict = shown_revision, unparsable_verdict
-        self.revision_update, self.skip_unparsable_revisions = revision_update, skip_unparsable_revisions
-        self.train_approver_without_revision, self.revise_bonus_on = train_approver_without_revision, revise_bonus_on
-        self.revise_balance, self.revise_target, self.revise_share = revise_balance, revise_target, revise_share
-        self.rarity_power, self.explore_revise = rarity_power, explore_revise
-        self.role_adapters = dict(role_adapters if role_adapters is not None else ROLE_ADAPTERS)
-        self._explore = random.Random(seed)
+    revisions: int = 5
+    revision_temperature: float = 0.7
+    role_max_new_tokens: int = 64
+    shown_revision: str = "gold_first"
+    unparsable_verdict: str = "SAC"
+    revision_update: str = "paired"
+    skip_unparsable_revisions: bool = True
+    train_approver_without_revision: bool = True
+    seed: int = 0
+    role_adapters: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.revisions < 1:
+            raise ValueError(f"game.revisions={self.revisions}: must be >= 1")
+        for key, valid in (("shown_revision", SHOWN_REVISION_RULES), ("unparsable_verdict", VERIFIER_ACTIONS),
+                           ("revision_update", ("paired", "group"))):
+            if getattr(self, key) not in valid:
+                raise ValueError(f"game.{key}={getattr(self, key)!r}: use one of {', '.join(valid)}")
+        self.role_adapters = dict(self.role_adapters if self.role_adapters is not None else ROLE_ADAPTERS)
+        self._explore = random.Random(self.seed)
 
     def play(self, proposals: RolloutBatch, actor: Actor, sampling: SamplingParams,
-             training: bool = True) -> FormGameRecord:
+             training: bool = True) -> GameRecord:
         """The rest of the game for every proposal of ``proposals`` (a scored batch of the form task: its
-        metadata ``row`` / ``replies`` and the oracle's ``strict``, ``lenient``, ``parsable`` parts)."""
+        metadata ``row`` / ``replies`` and the oracle's ``strict``, ``lenient``, ``parsable`` parts), as a
+        :class:`FormGameRecord` (annotated as the protocol's :class:`~lit_credit.types.GameRecord`, which the
+        LightningCLI's protocol check requires to match exactly)."""
         missing = {"strict", "lenient", "parsable"} - proposals.reward_parts.keys()
         if missing:
             raise ValueError(f"the form game reads the form oracle's reward parts, and the proposals lack "
@@ -230,8 +226,8 @@ class FormGame:
         # weight over the challenged decisions, by official case id.
         own = [a == "REVISE" for a in approvals]
         share = revise_share(own, forced, self.revise_share)
-        bonus = revise_bonus(share, balance=self.revise_balance, target=self.revise_target)
-        a_rewards = approver_pair_rewards(x_correct, z_correct, has_revision, **self.table)
+        bonus = self.bonus(share)
+        a_rewards = self.approver_rewards(x_correct, z_correct, has_revision)
         if self.revise_bonus_on == "reward":
             a_rewards[:, 1] += bonus
         a_keep = challenged & (has_revision | self.train_approver_without_revision)
@@ -283,8 +279,8 @@ class FormGame:
         (``group``)."""
         if self.revision_update == "paired":
             # keep text: x as the reviser would reply it; revise text: the shown revision as sampled. Scored at T 1.
-            rewards = reviser_pair_rewards(x_correct, z_correct, has_revision, alpha=self.table["alpha"],
-                                           unparsable=self.table["unparsable"])
+            rewards = reviser_pair_rewards(x_correct, z_correct, has_revision, alpha=self.alpha,
+                                           unparsable=self.unparsable)
             keep = [j for j, i in enumerate(sac) if has_revision[i] or not self.skip_unparsable_revisions]
             if not keep:
                 return None
@@ -294,7 +290,7 @@ class FormGame:
                                paired=True)
         # group: every revision S_z or `unparsable` (left out when skip_unparsable_revisions); groups with fewer
         # than 2 revisions or all rewards equal skipped. Scored at the temperature they were sampled at.
-        rewards = revision_rewards(correct, parsable, unparsable=self.table["unparsable"])
+        rewards = revision_rewards(correct, parsable, unparsable=self.unparsable)
         member = parsable if self.skip_unparsable_revisions else torch.ones_like(parsable)
         high = torch.where(member, rewards, -torch.inf).amax(1)
         low = torch.where(member, rewards, torch.inf).amin(1)

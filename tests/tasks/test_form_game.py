@@ -10,16 +10,20 @@ Two lines, each proposed right (x = gold) and wrong (x = gold + 1): decisions 0.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from lit_credit.interfaces import Game
-from lit_credit.rewards import CASES, FormLineReward
+from lit_credit.rewards import CASES, DPASettings, FormLineReward
 from lit_credit.rollout.loop import Episode, to_batch
 from lit_credit.tasks.form import INSTRUCTIONS, action_text
-from lit_credit.tasks.form_game import FormGame, FormGameRecord, decision_action
+from lit_credit.tasks.form_game import ROLE_ADAPTERS, FormGame, FormGameRecord, decision_action
+from lit_credit.train import CONF_DIR
 from lit_credit.types import Action, Completion, GameRecord, SamplingParams
 from tests.tasks.dpa_script import script
 
@@ -307,3 +311,32 @@ def test_proposals_without_the_form_oracle_are_refused():
     with pytest.raises(ValueError, match=r"lack \['lenient', 'parsable'\]: use task=form with reward=form_line"):
         FormGame().play(batch, ScriptedActor(), SAMPLING, True)
     assert torch.equal(proposals().scores, torch.tensor([1.0, 0.0, 1.0, 0.0]))
+
+
+# --- settings: DPA's role-reward settings are one dataclass, the form game is it, one config key per field ------
+def test_the_form_game_is_the_dpa_settings_and_its_conf_file_lists_every_field_with_its_default():
+    # A setting is a field of DPASettings (or of the form game's own rules) plus its line in conf/game/form.yaml:
+    # the file holds exactly the fields, each at its default (seed and role_adapters are interpolated/derived).
+    assert issubclass(FormGame, DPASettings)
+    conf = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "game" / "form.yaml"))
+    assert conf.pop("_target_") == "lit_credit.tasks.form_game.FormGame"
+    assert conf.pop("seed") == "${seed}" and conf.pop("role_adapters") == ROLE_ADAPTERS
+    fields = {f.name: f.default for f in dataclasses.fields(FormGame)}
+    assert fields.pop("seed") == 0 and fields.pop("role_adapters") is None
+    assert conf == fields
+
+
+def test_the_dpa_settings_compute_the_table_and_the_bonus_from_their_fields():
+    # x right, z right, revision shown: KEEP 1 + alpha = 1.25, REVISE alpha = 0.25 (alpha 0.25);
+    # x right, z wrong: KEEP 1.25, REVISE -cave = -0.5; no revision: KEEP 1, REVISE unparsable = -1.
+    s = DPASettings(alpha=0.25, cave=0.5, unparsable=-1.0, revise_balance=2.0, revise_target=0.5)
+    got = s.approver_rewards(torch.tensor([True, True, True]), torch.tensor([True, False, True]),
+                             torch.tensor([True, True, False]))
+    torch.testing.assert_close(got, torch.tensor([[1.25, 0.25], [1.25, -0.5], [1.0, -1.0]]))
+    assert s.bonus(0.2) == pytest.approx(2.0 * (0.5 - 0.2)) and s.bonus(0.7) == 0.0
+
+
+def test_a_game_override_reaches_the_settings_field(make_cfg):
+    game = instantiate(make_cfg("experiment=dpa_form", "game.revise_share=unforced", "game.alpha=0.1",
+                                fast_task=False).game)
+    assert type(game) is FormGame and game == FormGame(revise_share="unforced", alpha=0.1)
