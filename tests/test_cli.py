@@ -14,17 +14,20 @@ from tests.conftest import FAST_MODEL
 CLI_CONFIG = CONF_DIR / "cli" / "grpo_arith.yaml"
 
 
-def describe(module, datamodule) -> dict:
-    """Everything that defines a run, as plain values."""
+GRPO_HPARAMS = ("ppo_epochs", "num_minibatches", "max_grad_norm", "dynamic_sampling", "max_logprob_gap")
+DPA_HPARAMS = ("roles", "verifier_weight", "proposal_weight", "loss_reduction", "max_grad_norm", "logprob_token_budget")
+
+
+def describe(module, datamodule, hparams: tuple[str, ...] = GRPO_HPARAMS) -> dict:
+    """Everything that defines a run, as plain values (``hparams``: the module's own keys among them)."""
     opt = module.optimizer_factory([torch.nn.Parameter(torch.zeros(1))])
     sched = module.scheduler_factory(opt)
     return {
-        "credit": repr(module.credit), "loss": repr(module.loss),
+        "module": type(module).__name__, "credit": repr(module.credit), "loss": repr(module.loss),
         "optimizer": (type(opt).__name__, {k: v for k, v in opt.defaults.items() if k in ("lr", "weight_decay")}),
         "scheduler": (type(sched).__name__, sched.start_factor, sched.end_factor, sched.total_iters),
-        **{k: module.hparams[k] for k in ("ppo_epochs", "num_minibatches", "max_grad_norm", "dynamic_sampling",
-                                          "max_logprob_gap")},
-        "policy": module.source.prepare(),
+        **{k: module.hparams[k] for k in hparams},
+        "policy": module.source.prepare(), "lora": module.source.lora,
         "sampling": datamodule.experience.sampling, "prompts_per_step": datamodule.prompts_per_step,
         "val_prompts": datamodule.val_prompts, "val_samples": datamodule.experience.val_samples,
         "embedded": module.source.embedded.recipe, "engine": type(datamodule.experience.engine).__name__,
@@ -101,22 +104,9 @@ def dpa_args(cache_dir: Path, root: Path, small: dict) -> list[str]:
 
 
 def describe_dpa(module, datamodule) -> dict:
-    """Everything that defines a DPA-GRPO run, as plain values."""
-    opt = module.optimizer_factory([torch.nn.Parameter(torch.zeros(1))])
-    sched = module.scheduler_factory(opt)
-    return {
-        "module": type(module).__name__, "credit": repr(module.credit), "loss": repr(module.loss),
-        "role_credit": {k: repr(v) for k, v in module.role_credit.items()}, "game": module.game,
-        "optimizer": (type(opt).__name__, {k: v for k, v in opt.defaults.items() if k in ("lr", "weight_decay")}),
-        "scheduler": (type(sched).__name__, sched.start_factor, sched.end_factor, sched.total_iters),
-        **{k: module.hparams[k] for k in ("roles", "verifier_weight", "proposal_weight", "loss_reduction",
-                                          "max_grad_norm", "logprob_token_budget")},
-        "policy": module.source.prepare(), "lora": module.source.lora,
-        "sampling": datamodule.experience.sampling, "prompts_per_step": datamodule.prompts_per_step,
-        "val_prompts": datamodule.val_prompts, "val_samples": datamodule.experience.val_samples,
-        "embedded": module.source.embedded.recipe, "engine": type(datamodule.experience.engine).__name__,
-        "task": vars(datamodule.task) | {"_splits": None}, "reward": type(datamodule.experience.reward).__name__,
-    }
+    """:func:`describe` with DPA-GRPO's keys, its per-role estimators and its game."""
+    return describe(module, datamodule, DPA_HPARAMS) | {
+        "role_credit": {k: repr(v) for k, v in module.role_credit.items()}, "game": module.game}
 
 
 def test_the_dpa_cli_config_builds_what_the_hydra_experiment_builds(make_cfg, cache_dir, tmp_path):

@@ -290,7 +290,11 @@ class DPASettings:
     def __post_init__(self) -> None:
         if not 0 <= self.explore_revise <= 1:
             raise ValueError(f"game.explore_revise={self.explore_revise}: must be in [0, 1]")
-        for key, valid in (("revise_share", REVISE_SHARES), ("revise_bonus_on", REVISE_BONUS_ON)):
+        self.check_choices({"revise_share": REVISE_SHARES, "revise_bonus_on": REVISE_BONUS_ON})
+
+    def check_choices(self, choices: dict[str, tuple[str, ...]]) -> None:
+        """A ``ValueError`` naming ``game.<field>`` and its valid values for a field outside ``choices[field]``."""
+        for key, valid in choices.items():
             if getattr(self, key) not in valid:
                 raise ValueError(f"game.{key}={getattr(self, key)!r}: use one of {', '.join(valid)}")
 

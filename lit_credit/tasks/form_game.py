@@ -156,10 +156,8 @@ class FormGame(DPASettings):
         super().__post_init__()
         if self.revisions < 1:
             raise ValueError(f"game.revisions={self.revisions}: must be >= 1")
-        for key, valid in (("shown_revision", SHOWN_REVISION_RULES), ("unparsable_verdict", VERIFIER_ACTIONS),
-                           ("revision_update", ("paired", "group"))):
-            if getattr(self, key) not in valid:
-                raise ValueError(f"game.{key}={getattr(self, key)!r}: use one of {', '.join(valid)}")
+        self.check_choices({"shown_revision": SHOWN_REVISION_RULES, "unparsable_verdict": VERIFIER_ACTIONS,
+                            "revision_update": ("paired", "group")})
         self.role_adapters = dict(self.role_adapters if self.role_adapters is not None else ROLE_ADAPTERS)
         self._explore = random.Random(self.seed)
 
