@@ -196,7 +196,9 @@ class LossSet:
 @dataclass(frozen=True)
 class Method:
     """A method of a family: a display ``name``, the registered ``estimator`` and its keyword arguments, and the
-    family's options (``game``: DPA-GRPO's game settings; ``proposals``: train the proposals' group)."""
+    family's options (decision family: ``game``, False for GRPO on the proposals alone; ``proposal_weight``, the
+    proposals' group in DPA's loss; ``dpa``, :class:`~lit_credit.rewards.dpa.DPASettings` fields over the
+    setting's)."""
 
     name: str
     estimator: str
@@ -268,7 +270,7 @@ class DecisionSetting:
     modal: float = 0.6
     verifier_accuracy: float = 0.8
     revision_right: float = 0.6
-    dpa: DPASettings = field(default_factory=DPASettings)  # the form game's: table, shaping, exploration
+    dpa: DPASettings = field(default_factory=DPASettings)  # the form game's; read, never mutated (copies share it)
     verifier_weight: float = 0.5
 
 
@@ -363,7 +365,7 @@ class ToolFamily:
         return [LossSet(r["batch"], r["seed"], r["points"], r["actions"], adv, r["batch"].response_mask,
                         grpo_loss(), float(self.S), r["rows"])]
 
-    def knobs(self) -> dict[str, float]:
+    def knobs(self) -> dict[str, Any]:
         return asdict(self.s)
 
 
@@ -484,7 +486,7 @@ class RevisionFamily:
         return [LossSet(r["batch"], r["seed"], r["points"], r["actions"], adv, r["batch"].response_mask,
                         grpo_loss(), float(self.S), r["rows"])]
 
-    def knobs(self) -> dict[str, float]:
+    def knobs(self) -> dict[str, Any]:
         return asdict(self.s)
 
 
@@ -621,7 +623,7 @@ class DecisionFamily:
         labels = case_labels(x_right.reshape(-1), challenged.reshape(-1), revised.reshape(-1), z_right.reshape(-1),
                              has_revision=ones.reshape(-1)).view(S, N)
         share = revise_shares(own, forced, challenged, dpa.revise_share)
-        bonus = dpa.revise_balance * (dpa.revise_target - share).clamp_min(0)  # [S], DPASettings.bonus per seed
+        bonus = dpa.bonus(share)  # [S], one per seed
         a_rewards = dpa.approver_rewards(x_right.reshape(-1), z_right.reshape(-1), ones.reshape(-1)).view(S, N, 2)
         weights = rarity(labels, challenged, dpa.rarity_power)
         on = challenged.reshape(-1)
@@ -656,7 +658,7 @@ class DecisionFamily:
         adv = estimator(batch).advantages
         return LossSet(batch, seed_row, pts, acts, adv, batch.response_mask, loss, scale)
 
-    def knobs(self) -> dict[str, float]:
+    def knobs(self) -> dict[str, Any]:
         return asdict(self.s)
 
 

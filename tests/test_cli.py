@@ -129,6 +129,7 @@ def test_lightning_cli_trains_dpa_grpo_by_class_path(cache_dir, tmp_path, monkey
                     "--trainer.limit_val_batches=0", "--model.init_args.optimizer.init_args.lr=0.05"])
     assert type(run.model).__name__ == "DPAGRPOModule" and run.trainer.global_step == 2
     metrics = run.trainer.callback_metrics
+    assert metrics["train/reward/parsable"] == 0, "the premise: no proposal has a parsable amount"
     lora_b = {adapter: sum(p.abs().sum().item() for n, p in run.model.policy.named_parameters()
                            if "lora_B" in n and f".{adapter}." in n) for adapter in ("generator", "verifier")}
     assert lora_b["generator"] > 0 and metrics["loss/generator"] != 0, (lora_b, dict(metrics))

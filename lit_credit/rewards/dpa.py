@@ -227,7 +227,7 @@ def revise_share(own_revise: Sequence[bool], forced: Sequence[bool], rule: str =
     return revised / n if n else 0.0
 
 
-def revise_bonus(revise_share: float, *, balance: float = 0.0, target: float = 0.3) -> float:
+def revise_bonus(revise_share: float | Tensor, *, balance: float = 0.0, target: float = 0.3) -> float | Tensor:
     """REVISE shaping ``balance * max(target - revise_share, 0)`` (the official homeostatic balance); 0 with
     the default balance. ``revise_share`` is the step's share of REVISE among the approver's decisions
     (:func:`revise_share`): officially forced explorations included, as the official update computes it over
@@ -235,7 +235,7 @@ def revise_bonus(revise_share: float, *, balance: float = 0.0, target: float = 0
     least ``explore_revise`` = 0.4 > 0.3); ``game.revise_share=unforced`` counts the approver's own only.
 
     The official code adds it to the REVISE *reward* before pair normalisation (DPA-GRPO's
-    ``method.revise_bonus_on=reward``). There it never changes a pair advantage, which is
+    ``game.revise_bonus_on=reward``). There it never changes a pair advantage, which is
     sign(r_KEEP - r_REVISE): wherever KEEP wins by the table it wins by at least 1, and the paper's bonus is at
     most 1.5 * 0.3 = 0.45. ``revise_bonus_on=advantage`` adds it to the REVISE pair advantage instead, where
     it acts.
@@ -244,9 +244,14 @@ def revise_bonus(revise_share: float, *, balance: float = 0.0, target: float = 0
     ``1.5 * 0.2 = 0.3``; a share at or above the target gives 0.
 
     Shape:
-        revise_share (the observed share of REVISE among approver decisions, in [0, 1]): a float.
-        Output: a float.
+        revise_share (the observed share of REVISE among approver decisions, in [0, 1]): a float, or a tensor
+            of shares (one per seed in the credit-learning benchmark).
+        Output: a float, or a tensor of revise_share's shape.
     """
+    if isinstance(revise_share, Tensor):
+        if ((revise_share < 0) | (revise_share > 1)).any():
+            raise ValueError(f"revise_share must be in [0, 1], got {revise_share}")
+        return balance * (target - revise_share).clamp_min(0.0)
     if not 0.0 <= float(revise_share) <= 1.0:
         raise ValueError(f"revise_share must be in [0, 1], got {revise_share}")
     return balance * max(target - float(revise_share), 0.0)
@@ -303,7 +308,7 @@ class DPASettings:
         return approver_pair_rewards(x_correct, z_correct, has_revision, alpha=self.alpha, cave=self.cave,
                                      miss=self.miss, unparsable=self.unparsable)
 
-    def bonus(self, share: float) -> float:
+    def bonus(self, share: float | Tensor) -> float | Tensor:
         """:func:`revise_bonus` ``revise_balance * max(revise_target - share, 0)`` of the step's REVISE share."""
         return revise_bonus(share, balance=self.revise_balance, target=self.revise_target)
 

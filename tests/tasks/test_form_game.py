@@ -328,12 +328,19 @@ def test_the_form_game_is_the_dpa_settings_and_its_conf_file_lists_every_field_w
 
 def test_the_dpa_settings_compute_the_table_and_the_bonus_from_their_fields():
     # x right, z right, revision shown: KEEP 1 + alpha = 1.25, REVISE alpha = 0.25 (alpha 0.25);
-    # x right, z wrong: KEEP 1.25, REVISE -cave = -0.5; no revision: KEEP 1, REVISE unparsable = -1.
-    s = DPASettings(alpha=0.25, cave=0.5, unparsable=-1.0, revise_balance=2.0, revise_target=0.5)
-    got = s.approver_rewards(torch.tensor([True, True, True]), torch.tensor([True, False, True]),
-                             torch.tensor([True, True, False]))
-    torch.testing.assert_close(got, torch.tensor([[1.25, 0.25], [1.25, -0.5], [1.0, -1.0]]))
+    # x right, z wrong: KEEP 1.25, REVISE -cave = -0.5; no revision: KEEP 1, REVISE unparsable = -1;
+    # x wrong, z right: KEEP -miss = -0.7, REVISE 1 + alpha = 1.25; x wrong, z wrong: KEEP 1, REVISE 0.
+    s = DPASettings(alpha=0.25, cave=0.5, miss=0.7, unparsable=-1.0, revise_balance=2.0, revise_target=0.5)
+    got = s.approver_rewards(torch.tensor([True, True, True, False, False]),
+                             torch.tensor([True, False, True, True, False]),
+                             torch.tensor([True, True, False, True, True]))
+    torch.testing.assert_close(got, torch.tensor([[1.25, 0.25], [1.25, -0.5], [1.0, -1.0], [-0.7, 1.25],
+                                                  [1.0, 0.0]]))
+    # bonus 2 * max(0.5 - share, 0): 0.6 at share 0.2, 0 at 0.7; per seed on a tensor of shares (the benchmark)
     assert s.bonus(0.2) == pytest.approx(2.0 * (0.5 - 0.2)) and s.bonus(0.7) == 0.0
+    torch.testing.assert_close(s.bonus(torch.tensor([0.2, 0.7, 0.0])), torch.tensor([0.6, 0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"revise_share must be in \[0, 1\]"):
+        s.bonus(torch.tensor([0.2, 1.5]))
 
 
 def test_a_game_override_reaches_the_settings_field(make_cfg):
