@@ -1,4 +1,4 @@
-"""``lit-credit-compare SWEEP_DIR``: the comparison protocol. Each method against its baseline, paired by seed,
+"""``lit-credit-compare SWEEP_DIR [SWEEP_DIR ...]``: the comparison protocol. Each method against its baseline, paired by seed,
 with a 95 % Student-t interval of the mean paired difference, the per-seed differences and the smallest effect
 the design could detect.
 
@@ -6,7 +6,8 @@ the design could detect.
         [--control method.optimizer.lr=0] [--start] [--step last|final|N] [--family] [--interval t|bootstrap] \\
         [--out table.md] [--plot fig.png]
 
-A sweep is a directory of runs (a Hydra multirun; sub-sweeps below it count too). A run is a directory with
+A sweep is a directory of runs (a Hydra multirun; sub-sweeps below it count too); several sweep directories are
+read as one (an arm run later, into its own directory, beside the arms it is compared with). A run is a directory with
 ``.hydra/overrides.yaml`` and TensorBoard event files. The runs are read by :func:`load_runs` and grouped into
 **arms** by their overrides minus ``seed`` (:func:`arms`). An arm's **baseline** is the arm that matches
 ``--baseline`` and agrees with it on every other override, apart from the keys of ``--baseline`` and
@@ -90,7 +91,10 @@ def run_scalars(run: str | os.PathLike) -> dict[str, dict[int, float]]:
 
 
 def _norm(value: str) -> str:
-    """One spelling per value: ``0``, ``0.0`` and ``0e0`` are one number; other text is kept as it is."""
+    """One spelling per value: ``0``, ``0.0`` and ``0e0`` are one number, ``false`` and ``False`` one boolean (Hydra
+    parses both alike and writes a swept job's as ``False``); other text is kept as it is."""
+    if str(value).lower() in ("true", "false"):
+        return str(value).lower()
     try:
         number = float(value)
     except ValueError:
@@ -129,24 +133,26 @@ def _natural(path: Path) -> list[tuple[int, int, str]]:
     return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.parts]
 
 
-def load_runs(sweep_dir: str | os.PathLike) -> list[Run]:
-    """Every run under ``sweep_dir`` (a directory holding ``.hydra/overrides.yaml``), in job order (paths with
-    numbers compared as numbers), with its
-    scalars. Raises :class:`CompareError` naming the fix when there is none."""
-    root = Path(sweep_dir)
-    if not root.is_dir():
-        raise CompareError(f"{root} is not a directory: give the sweep directory of a multirun "
-                           "(lit-credit -m ... hydra.sweep.dir=DIR)")
+def load_runs(sweep_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Run]:
+    """Every run under the sweep directory (or directories, read as one), a run being a directory holding
+    ``.hydra/overrides.yaml``, in job order (each directory's paths with numbers compared as numbers), with its
+    scalars. Raises :class:`CompareError` naming the fix when a directory is missing or holds no run."""
+    roots = [Path(sweep_dirs)] if isinstance(sweep_dirs, (str, os.PathLike)) else [Path(d) for d in sweep_dirs]
     runs = []
-    for file in sorted(root.rglob(".hydra/overrides.yaml"), key=_natural):
-        path = file.parent.parent
-        overrides = {k: _norm(v) for k, v in run_overrides(path).items()}
-        seed = _seed(path, overrides)
-        overrides.pop(SEED, None)
-        runs.append(Run(path, overrides, seed, run_scalars(path)))
-    if not runs:
-        raise CompareError(f"no runs under {root}: a run directory holds .hydra/overrides.yaml and tensorboard/ "
-                           "(written by lit-credit -m ... hydra.sweep.dir=DIR); fix: give the sweep directory")
+    for root in roots:
+        if not root.is_dir():
+            raise CompareError(f"{root} is not a directory: give the sweep directory of a multirun "
+                               "(lit-credit -m ... hydra.sweep.dir=DIR)")
+        found = sorted(root.rglob(".hydra/overrides.yaml"), key=_natural)
+        if not found:
+            raise CompareError(f"no runs under {root}: a run directory holds .hydra/overrides.yaml and tensorboard/ "
+                               "(written by lit-credit -m ... hydra.sweep.dir=DIR); fix: give the sweep directory")
+        for file in found:
+            path = file.parent.parent
+            overrides = {k: _norm(v) for k, v in run_overrides(path).items()}
+            seed = _seed(path, overrides)
+            overrides.pop(SEED, None)
+            runs.append(Run(path, overrides, seed, run_scalars(path)))
     return runs
 
 
@@ -483,11 +489,11 @@ def _first_logged(runs: Sequence[Run], metric: str) -> list[Run]:
         (r.scalars[t] for t in tags if r.scalars.get(t)), {})}) for r in runs]
 
 
-def compare(runs: Sequence[Run] | str | os.PathLike, baseline: str | Iterable[str] | Mapping[str, str], metric: str,
+def compare(runs: Sequence[Run] | str | os.PathLike | Sequence[str | os.PathLike], baseline: str | Iterable[str] | Mapping[str, str], metric: str,
             step: str | int = "last", control: str | Iterable[str] | Mapping[str, str] | None = None,
             resamples: int = 10_000, seed: int = 0, level: float = 0.95, start: bool = False,
             interval: str = "t", family: bool = False) -> Comparison:
-    """Each arm of ``runs`` (or of the sweep directory) against its baseline on ``metric`` at ``step``,
+    """Each arm of ``runs`` (or of the sweep directories) against its baseline on ``metric`` at ``step``,
     paired by seed (module docstring; ``metric`` may be ``A|B``: per run the first tag it logged); with
     ``start``, each baseline's frozen start too (its runs at the first step all of them logged, minus the same
     runs at ``step``); ``interval`` and ``family`` as in the module docstring. Raises :class:`CompareError`, naming the fix,
@@ -495,7 +501,8 @@ def compare(runs: Sequence[Run] | str | os.PathLike, baseline: str | Iterable[st
     (or, with ``start``, a baseline whose runs share no step)."""
     if interval not in INTERVALS:
         raise CompareError(f"--interval {interval!r}: use one of {', '.join(INTERVALS)}")
-    runs = load_runs(runs) if isinstance(runs, (str, os.PathLike)) else list(runs)
+    items = [runs] if isinstance(runs, (str, os.PathLike)) else list(runs)
+    runs = items if all(isinstance(r, Run) for r in items) else load_runs(items)
     if not runs:
         raise CompareError("no runs to compare; fix: give the sweep directory of a multirun")
     base_spec, control_spec = parse_spec(baseline), parse_spec(control)
@@ -669,7 +676,8 @@ def slug(metric: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="lit-credit-compare", description=__doc__.splitlines()[0])
-    parser.add_argument("sweep_dir", help="the sweep directory (runs with .hydra/overrides.yaml and tensorboard/)")
+    parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR", help="the sweep directory (runs with "
+                        ".hydra/overrides.yaml and tensorboard/); several are read as one")
     parser.add_argument("--baseline", nargs="+", required=True, help="the baseline arm's overrides, e.g. credit=grpo")
     parser.add_argument("--metric", default="val/reward/mean", help="a logged scalar tag (default val/reward/mean); "
                         "A|B: per run the first of these tags it logged")
@@ -679,7 +687,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                                     "method.optimizer.lr=0")
     parser.add_argument("--start", action="store_true", help="add each baseline's frozen start: its runs at their "
                         "first logged step (for held-out metrics, what a frozen control reads at every step)")
-    parser.add_argument("--out", default=None, help="write the table here (default: SWEEP_DIR/compare/<metric>.md)")
+    parser.add_argument("--out", default=None, help="write the table here (default: the first "
+                        "SWEEP_DIR/compare/<metric>.md)")
     parser.add_argument("--plot", default=None, help="write the figure here (default: SWEEP_DIR/compare/<metric>.png)")
     parser.add_argument("--interval", choices=INTERVALS, default="t", help="t (default: Student t on the paired "
                         "differences, holds its level at 3-10 seeds) or bootstrap (expanded percentile, 10+ seeds)")
@@ -690,12 +699,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (--interval bootstrap)")
     args = parser.parse_args(argv)
     try:
-        result = compare(args.sweep_dir, args.baseline, args.metric, args.step, args.control, args.resamples,
+        result = compare(args.sweep_dirs, args.baseline, args.metric, args.step, args.control, args.resamples,
                          args.seed, args.level, start=args.start, interval=args.interval, family=args.family)
     except CompareError as err:
         raise SystemExit(f"lit-credit-compare: {err}") from None
     text = table(result)
-    default = Path(args.sweep_dir) / "compare" / slug(args.metric)
+    default = Path(args.sweep_dirs[0]) / "compare" / slug(args.metric)
     out, png = Path(args.out or default.with_suffix(".md")), Path(args.plot or default.with_suffix(".png"))
     for path in (out, png):
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -169,6 +169,10 @@ def test_arms_group_by_overrides_minus_seed_and_are_labelled_by_what_varies():
 def test_numbers_are_one_value_however_spelled():
     assert parse_spec("method.optimizer.lr=0 credit=grpo") == parse_spec(["method.optimizer.lr=0.0", "credit=grpo"])
     assert parse_spec({"lr": 1e-4}) == parse_spec("lr=0.0001") == {"lr": "0.0001"}
+    # what a user types (credit.unbiased=false) names the arm Hydra's multirun wrote as credit.unbiased=False
+    assert parse_spec("unbiased=false eps=1e-8") == parse_spec({"unbiased": False, "eps": "1e-08"}) \
+        == {"unbiased": "false", "eps": "1e-08"}
+    assert parse_spec("tag=False_run") == {"tag": "False_run"}
     with pytest.raises(CompareError, match="KEY=VALUE"):
         parse_spec("grpo")
 
@@ -361,6 +365,27 @@ def test_the_command_prints_the_table_and_writes_it_and_the_plot(sweep, tmp_path
         main([*args, "--interval", "bootstrap"])
     main([*args, "--family", "--out", str(out / "family.md"), "--plot", str(out / "family.png")])
     assert "Holm p" in (out / "family.md").read_text()
+
+
+def test_several_sweep_directories_are_read_as_one(sweep, tmp_path_factory, capsys):
+    # A baseline run later into its own directory, beside the first sweep's arms: GRPO with a boolean as Hydra's
+    # multirun writes it (credit.unbiased=False), named by the user as typed (false). Its finals 0.5, 0.5, 0.5;
+    # the first sweep's credit=grpo (0.5, 0.25, 0.75) is now an arm: d = 0, -0.25, +0.25, mean 0; credit=rloo
+    # (0.75, 0.5, 1.0): d = 0.25, 0, 0.5, mean 0.25.
+    later = tmp_path_factory.mktemp("later")
+    for seed in range(3):
+        write_run(later, str(seed), ["experiment=grpo_arith", "credit=grpo", "credit.unbiased=False", f"seed={seed}"],
+                  {"val/acc": {0: 0.25, 10: 0.5}})
+    out = tmp_path_factory.mktemp("out")
+    main([str(sweep), str(later), "--baseline", "credit=grpo", "credit.unbiased=false", "--metric", "val/acc",
+          "--control", "method.optimizer.lr=0", "--out", str(out / "t.md"), "--plot", str(out / "f.png")])
+    printed = capsys.readouterr().out
+    assert "| credit=grpo credit.unbiased=false (baseline) | 3 | 0.5000 |" in printed
+    assert "| credit=grpo | 3 | 0.5000 | 0.5000 | +0.0000 |" in printed
+    assert "| credit=rloo | 3 | 0.7500 | 0.5000 | +0.2500 |" in printed
+    assert len(load_runs([sweep, later])) == 15
+    with pytest.raises(SystemExit, match=r"lit-credit-compare: no runs under .*empty"):
+        main([str(sweep), str(tmp_path_factory.mktemp("empty")), "--baseline", "credit=grpo", "--metric", "val/acc"])
 
 
 def test_the_plot_has_both_panels(sweep):
