@@ -136,9 +136,10 @@ def _natural(path: Path) -> list[tuple[int, int, str]]:
 def load_runs(sweep_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Run]:
     """Every run under the sweep directory (or directories, read as one), a run being a directory holding
     ``.hydra/overrides.yaml``, in job order (each directory's paths with numbers compared as numbers), with its
-    scalars. Raises :class:`CompareError` naming the fix when a directory is missing or holds no run."""
+    scalars; a run under two of the directories (one nested in another) counts once. Raises :class:`CompareError`
+    naming the fix when a directory is missing or holds no run."""
     roots = [Path(sweep_dirs)] if isinstance(sweep_dirs, (str, os.PathLike)) else [Path(d) for d in sweep_dirs]
-    runs = []
+    runs, seen = [], set()
     for root in roots:
         if not root.is_dir():
             raise CompareError(f"{root} is not a directory: give the sweep directory of a multirun "
@@ -149,6 +150,9 @@ def load_runs(sweep_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> li
                                "(written by lit-credit -m ... hydra.sweep.dir=DIR); fix: give the sweep directory")
         for file in found:
             path = file.parent.parent
+            if path.resolve() in seen:
+                continue
+            seen.add(path.resolve())
             overrides = {k: _norm(v) for k, v in run_overrides(path).items()}
             seed = _seed(path, overrides)
             overrides.pop(SEED, None)
@@ -689,7 +693,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "first logged step (for held-out metrics, what a frozen control reads at every step)")
     parser.add_argument("--out", default=None, help="write the table here (default: the first "
                         "SWEEP_DIR/compare/<metric>.md)")
-    parser.add_argument("--plot", default=None, help="write the figure here (default: SWEEP_DIR/compare/<metric>.png)")
+    parser.add_argument("--plot", default=None, help="write the figure here (default: the first "
+                        "SWEEP_DIR/compare/<metric>.png)")
     parser.add_argument("--interval", choices=INTERVALS, default="t", help="t (default: Student t on the paired "
                         "differences, holds its level at 3-10 seeds) or bootstrap (expanded percentile, 10+ seeds)")
     parser.add_argument("--family", action="store_true", help="the call's comparisons are one family: Holm-adjusted "

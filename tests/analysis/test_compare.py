@@ -384,6 +384,7 @@ def test_several_sweep_directories_are_read_as_one(sweep, tmp_path_factory, caps
     assert "| credit=grpo | 3 | 0.5000 | 0.5000 | +0.0000 |" in printed
     assert "| credit=rloo | 3 | 0.7500 | 0.5000 | +0.2500 |" in printed
     assert len(load_runs([sweep, later])) == 15
+    assert len(load_runs([sweep, sweep / "0", later])) == 15  # a run under two given directories counts once
     with pytest.raises(SystemExit, match=r"lit-credit-compare: no runs under .*empty"):
         main([str(sweep), str(tmp_path_factory.mktemp("empty")), "--baseline", "credit=grpo", "--metric", "val/acc"])
 
