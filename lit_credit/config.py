@@ -2,14 +2,15 @@
 
 Unknown group options (``method=``, ``credit=``, ``loss=``, ``augment=``, ``metrics=``, ``task=``, ``rollout=``, ...) are Hydra's to refuse; it lists
 the valid ones. What is checked here: the group size, the split of a step's prompts over the processes, the split of a step's rollouts into minibatches, the
-dynamic-sampling draw cap, sampling limits, and limits that cannot hold together (a completion longer than the
-engine's context, validation without validation prompts).
+dynamic-sampling draw cap, sampling limits, limits that cannot hold together (a completion longer than the
+engine's context, validation without validation prompts), and a vLLM ``rollout.tensor_parallel_size`` that does
+not tile the trainer's processes (:func:`tensor_parallel_problem`).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 
 
 class ConfigError(ValueError):
@@ -19,6 +20,40 @@ class ConfigError(ValueError):
 def _require(ok: bool, key: str, value: Any, problem: str, fix: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value}: {problem}; fix: {fix}")
+
+
+def tensor_parallel_problem(tp: int, processes: int) -> str | None:
+    """Why vLLM's ``rollout.tensor_parallel_size=tp`` cannot run over ``processes`` trainer processes (``problem;
+    fix: ...``), or None.
+
+    Every rank hosts one shard of its group's engine in process (vLLM's ``external_launcher`` on the trainer's
+    process group; groups of ``tp`` consecutive ranks), so ``tp`` must divide the processes. One process with
+    ``tp > 1`` is refused: vLLM would run the shards in worker processes, and the weight push streams a generator
+    of the trainer's (gathered) tensors, which cannot be pickled to them; a list would hold a second full copy of
+    the weights, and vLLM's layerwise reload cannot take chunks that split a layer."""
+    if tp < 1:
+        return "must be >= 1; fix: set rollout.tensor_parallel_size=1"
+    if processes == 1 and tp > 1:
+        return (f"with one trainer process vLLM would run the {tp} shards in worker processes, and the in-memory "
+                "weight push (a generator of the trainer's tensors) cannot be handed to them; fix: run "
+                f"trainer.devices={tp} (or a multiple of it), so that each rank hosts one shard in process "
+                "(external_launcher), or set rollout.tensor_parallel_size=1")
+    if processes % tp:
+        return (f"does not divide the {processes} trainer processes (tensor-parallel groups are {tp} consecutive "
+                f"ranks, one shard each); fix: trainer.devices x trainer.num_nodes a multiple of {tp}, or a "
+                f"tensor_parallel_size that divides {processes}")
+    return None
+
+
+def _processes(trainer: DictConfig) -> int | None:
+    """``trainer.devices`` (a count, or a list of device indices) x ``trainer.num_nodes``; None where Lightning
+    decides (``auto``, -1)."""
+    devices, nodes = trainer.get("devices", 1), trainer.get("num_nodes") or 1
+    if isinstance(devices, (list, ListConfig)):
+        devices = len(devices)
+    if isinstance(devices, int) and devices >= 1 and isinstance(nodes, int):
+        return devices * nodes
+    return None
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -62,6 +97,12 @@ def check_config(cfg: DictConfig) -> None:
     _require(context is None or tokens * (turns or 1) < context, "data.sampling.max_new_tokens", tokens,
              f"x {turns or 1} turn(s) does not fit the engine's context rollout.max_model_len={context} (the prompt "
              "needs room too)", "lower data.sampling.max_new_tokens or data.max_turns, or raise rollout.max_model_len")
+    tp = cfg.rollout.get("tensor_parallel_size")
+    processes = _processes(trainer)
+    if tp is not None and (processes is not None or tp < 1):  # unknown processes ("auto"): the engine checks
+        problem = tensor_parallel_problem(tp, processes or 1)
+        if problem is not None:
+            raise ConfigError(f"rollout.tensor_parallel_size={tp}: {problem}")
     steps = trainer.get("max_steps", -1)
     _require(steps is None or steps >= 1, "trainer.max_steps", steps, "lit-credit counts training steps (GRPO "
              "family: one per rollout batch, whatever its number of minibatch updates; DPA-GRPO: 2 per game round); "

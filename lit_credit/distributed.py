@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -55,20 +56,29 @@ def launcher_run_id() -> str | None:
     """torchrun's rendezvous id or the SLURM job (array task) id; None when the launcher gives none."""
     env = os.environ
     if env.get("TORCHELASTIC_RUN_ID"):
-        return f"torchrun-{env['TORCHELASTIC_RUN_ID']}"
+        return f"torchrun-{env['TORCHELASTIC_RUN_ID']}" + _attempt(env.get("TORCHELASTIC_RESTART_COUNT"))
     if env.get("SLURM_JOB_ID"):
         task = env.get("SLURM_ARRAY_TASK_ID")
-        return f"slurm-{env.get('SLURM_ARRAY_JOB_ID', env['SLURM_JOB_ID'])}" + (f"-{task}" if task else "")
+        return (f"slurm-{env.get('SLURM_ARRAY_JOB_ID', env['SLURM_JOB_ID'])}" + (f"-{task}" if task else "")
+                + _attempt(env.get("SLURM_RESTART_COUNT")))
     return None
 
 
-def claim_run_dir(output_dir: str | os.PathLike[str], resuming: bool, timeout_s: float | None = None) -> bool:
+def _attempt(restarts: str | None) -> str:
+    """A requeued SLURM job or a restarted torchrun keeps its id; the restart count tells its attempts apart, so a
+    follower of the new attempt never joins the previous attempt's claim."""
+    return f"-attempt{restarts}" if restarts and restarts != "0" else ""
+
+
+def claim_run_dir(output_dir: str | os.PathLike[str], resuming: bool, timeout_s: float | None = None,
+                  checkpoint: str | None = None) -> bool:
     """Claim ``output_dir`` for this run; True on the process that leads it (writes the run's record).
 
     The leader (:func:`launch_rank` 0) refuses a directory that already holds a run (checkpoints, logs,
     records, configs, a claim) unless ``resuming``, then writes the claim ``.lit-credit-run.json`` with the
     launch's id (:func:`shared_run_id`, or a new one) and exports that id as ``LIT_CREDIT_RUN_ID`` for the
-    ranks Lightning will start. Every other rank joins: it waits (``timeout_s``, default
+    ranks Lightning will start; the claim also holds the leader's ``checkpoint`` (what the run resumes from,
+    :func:`claimed_checkpoint`), so that one rank decides for all. Every other rank joins: it waits (``timeout_s``, default
     ``LIT_CREDIT_CLAIM_TIMEOUT`` or 300 s) until the directory's claim carries its own launch's id, and writes
     nothing. A rank that finds another launch's claim there, or none in time, raises, naming both ids: a
     second, unrelated run is refused on every rank.
@@ -83,8 +93,8 @@ def claim_run_dir(output_dir: str | os.PathLike[str], resuming: bool, timeout_s:
                 f"resume it with ckpt_path={output_dir / 'checkpoints' / 'last.ckpt'} (or resume=auto), or start a "
                 "new run in another directory (hydra.run.dir=...)")
         run_id = launcher_run_id() or uuid.uuid4().hex
-        atomic_write(claim, lambda tmp: tmp.write_text(json.dumps({"run_id": run_id, "pid": os.getpid(),
-                                                                   "time": time.time()})))
+        record = {"run_id": run_id, "pid": os.getpid(), "time": time.time(), "checkpoint": checkpoint}
+        atomic_write(claim, lambda tmp: tmp.write_text(json.dumps(record)))
         os.environ[RUN_ID] = run_id
         return True
     expected = shared_run_id()
@@ -108,6 +118,24 @@ def claim_run_dir(output_dir: str | os.PathLike[str], resuming: bool, timeout_s:
                 "rank the same directory (under torchrun or srun set hydra.run.dir=... explicitly; ${now:...} may "
                 "differ between processes), and a new directory for a new run")
         time.sleep(0.2)
+
+
+def earlier_attempt(output_dir: str | os.PathLike[str]) -> bool:
+    """Whether ``output_dir`` was claimed by an earlier attempt of this launch: the claim's id is this launch's
+    (:func:`launcher_run_id`) but for the attempt (a requeued SLURM job, a restarted torchrun). Never for a launch
+    without an id of its own."""
+    launch = launcher_run_id()
+    try:
+        seen = json.loads((Path(output_dir) / CLAIM).read_text())["run_id"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return launch is not None and re.sub(r"-attempt\d+$", "", seen) == re.sub(r"-attempt\d+$", "", launch)
+
+
+def claimed_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
+    """The checkpoint the run's leader decided to resume from (its claim's, :func:`claim_run_dir`); None: a new
+    run."""
+    return json.loads((Path(output_dir) / CLAIM).read_text()).get("checkpoint")
 
 
 # ------------------------------------------------------------------------------------------------ collectives
@@ -152,3 +180,21 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     if world()[1] > 1:
         torch.distributed.all_reduce(value)
     return value
+
+
+def max_over_ranks(values: list[int]) -> list[int]:
+    """The elementwise largest of ``values`` over the ranks (one ``all_reduce`` MAX, every rank giving as many
+    values); ``values`` itself, with no collective, in one process. How the ranks agree on a count, e.g. how
+    often to call an engine whose ``generate`` is a collective."""
+    if world()[1] == 1:
+        return list(values)
+    backend = str(torch.distributed.get_backend())
+    device = "cpu" if "gloo" in backend or not torch.cuda.is_available() else torch.cuda.current_device()
+    out = torch.tensor([int(v) for v in values], dtype=torch.long, device=device)
+    torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.MAX)
+    return out.tolist()
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on some rank (:func:`max_over_ranks`); ``flag`` itself in one process."""
+    return bool(max_over_ranks([int(flag)])[0])

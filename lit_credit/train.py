@@ -17,17 +17,20 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from lit_credit.checkpoint import atomic_checkpoints, atomic_write
 from lit_credit.config import check_config
-from lit_credit.distributed import LAUNCH_VARIABLES, claim_run_dir
+from lit_credit.distributed import LAUNCH_VARIABLES, claim_run_dir, claimed_checkpoint, earlier_attempt
+from lit_credit.emulation import CollectiveRecorder, EmulationCallback, gpu_emulation, trainer_arguments
 from lit_credit.quiet import default_progress_bar, quiet
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 log = logging.getLogger(__name__)
 
 
-def build(cfg: DictConfig) -> tuple[L.LightningModule, L.LightningDataModule, L.Trainer]:
+def build(cfg: DictConfig, recorder: CollectiveRecorder | None = None
+          ) -> tuple[L.LightningModule, L.LightningDataModule, L.Trainer]:
     """Check ``cfg`` (:func:`~lit_credit.config.check_config`), then instantiate the module, the DataModule and
     the Trainer (with its logger and callbacks, and :class:`~lit_credit.quiet.StepProgressBar` as its default
-    progress bar; checkpoints written atomically).
+    progress bar; checkpoints written atomically). With a ``recorder`` (``emulate_gpu=true``, inside
+    :func:`~lit_credit.emulation.gpu_emulation`) the Trainer runs on the emulated accelerator with its checks.
 
     The policy source (``cfg.model``) is built and prepared (:meth:`~lit_credit.models.PolicySource.prepare`:
     the embedded policy's SFT warm start on a cold cache) before the module, which receives that same source
@@ -43,7 +46,11 @@ def build(cfg: DictConfig) -> tuple[L.LightningModule, L.LightningDataModule, L.
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c]
     callbacks += default_progress_bar(callbacks, cfg.trainer.get("enable_progress_bar"))
     logger = instantiate(cfg.logger) if cfg.get("logger") else False
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger)
+    emulated = {}
+    if recorder is not None:
+        callbacks.append(EmulationCallback(recorder))
+        emulated = trainer_arguments(cfg.trainer.get("strategy"))
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=logger, **emulated)
     atomic_checkpoints(trainer)
     return module, datamodule, trainer
 
@@ -69,7 +76,9 @@ def fill_data_parallel_size(cfg: DictConfig) -> None:
 
 def resume_path(cfg: DictConfig) -> str | None:
     """The checkpoint to continue from: ``ckpt_path``, else with ``resume=auto`` the run directory's
-    ``last.ckpt`` (in ``callbacks.checkpoint.dirpath``) when it exists (a requeued job continues), else None."""
+    ``last.ckpt`` (in ``callbacks.checkpoint.dirpath``; a file, or the directory of a distributed checkpoint) when
+    it exists (a requeued job continues; the previous one set aside, ``.last.ckpt.old``, when a kill came between
+    :func:`~lit_credit.checkpoint.replace_path`'s renames), else None."""
     if cfg.get("ckpt_path"):
         return str(cfg.ckpt_path)
     resume = cfg.get("resume")
@@ -78,7 +87,10 @@ def resume_path(cfg: DictConfig) -> str | None:
                          "there is one) or resume=null, or give ckpt_path=... for one checkpoint")
     checkpoint = (cfg.get("callbacks") or {}).get("checkpoint") or {}
     last = Path(checkpoint.get("dirpath") or Path(cfg.paths.output_dir) / "checkpoints") / "last.ckpt"
-    return str(last) if resume == "auto" and last.is_file() else None
+    if resume != "auto":
+        return None
+    aside = last.with_name(f".{last.name}.old")  # a kill between replace_path's two renames leaves only this one
+    return str(last) if last.exists() else str(aside) if aside.exists() else None
 
 
 @contextlib.contextmanager
@@ -127,18 +139,27 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """Claim the run directory (the leading rank writes the run's record; the others join it), build everything
     from ``cfg``, optionally validate once (not when resuming), fit; returns the final logged metrics.
 
+    Resuming is decided by the leading rank alone (:func:`resume_path` on its view of the file system) and read by
+    the others from its claim, so ranks on different nodes never disagree. With ``resume=auto`` a directory claimed
+    by an earlier attempt of the same launch (a SLURM job preempted before its first checkpoint, requeued with its
+    job id) is started over in; any other directory that holds a run is refused as without ``resume``.
+
     Dependencies' messages that are not about the run are filtered first (:func:`~lit_credit.quiet.quiet`); the
     leading rank logs the run directory at the start and the final metrics at the end."""
     quiet()
     ckpt_path = resume_path(cfg)
     output_dir = Path(cfg.paths.output_dir)
-    leader = claim_run_dir(output_dir, ckpt_path is not None)
+    requeued = cfg.get("resume") == "auto" and earlier_attempt(output_dir)  # preempted before its first checkpoint
+    leader = claim_run_dir(output_dir, ckpt_path is not None or requeued, checkpoint=ckpt_path)
+    if not leader:
+        ckpt_path = claimed_checkpoint(output_dir)
     if leader:
         log.info("run directory: %s", output_dir.resolve())
     if leader and HydraConfig.initialized():
         record_config(cfg, output_dir)
-    with launch_scope():
-        module, datamodule, trainer = build(cfg)
+    emulation = gpu_emulation(output_dir) if cfg.get("emulate_gpu") else contextlib.nullcontext()
+    with launch_scope(), emulation as recorder:
+        module, datamodule, trainer = build(cfg, recorder)
         if cfg.get("validate_first") and not trainer.fast_dev_run and ckpt_path is None:
             trainer.validate(module, datamodule=datamodule, verbose=False)
         # weights_only=False: a lit-credit checkpoint also pickles hyperparameters (credit, loss) and RNG states;

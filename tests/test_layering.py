@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("analysis",),  # credit records, their loader, plots and report
     ("data_modules", "callbacks"),  # Lightning data module (rollouts per step), callbacks
     ("methods",),  # the LightningModules: the algorithms
+    ("emulation",),  # GPU mistakes caught on CPU: the checking device, inference-mode evaluation, collectives
     ("train", "cli"),  # entry points
 ]
 LAYER = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}

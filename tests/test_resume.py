@@ -59,7 +59,7 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run_bitwise(sampling, tmp
     state = torch.load(last, map_location="cpu", weights_only=False)
     assert state["global_step"] == 4  # the step-4 checkpoint; steps 5 and 6 must be replayed
     assert any(k.startswith("policy.") for k in state["state_dict"])
-    assert any(k.startswith("reference.") for k in state["state_dict"])
+    assert not any(k.startswith("reference.") for k in state["state_dict"])  # made again from the base model
     assert state["optimizer_states"][0]["state"] and state["lr_schedulers"][0]["last_epoch"] == 4
     position = state["RolloutDataModule"]
     if not sampling:
@@ -103,3 +103,64 @@ def test_an_existing_run_directory_is_never_reused_without_resume(tmp_path, cach
     assert keep.read_bytes() == b"the user's checkpoint"
     assert (run / ".hydra" / "config.yaml").read_text() == "the user's config"
     assert not (run / "tensorboard").exists()
+
+
+def test_the_cuda_rng_state_is_the_current_devices_and_an_old_checkpoints_list_restores(monkeypatch):
+    """The CUDA generator is saved for the current device only, so a checkpoint restores on a machine with fewer
+    GPUs; an older checkpoint's list (every visible device's) gives the current device's entry, else the first.
+    Patched ``torch.cuda`` (no GPU here): each state a distinct tensor, ``set_rng_state`` recorded."""
+    from lit_credit.checkpoint import capture_rng, restore_rng
+
+    states = [torch.full((4,), i, dtype=torch.uint8) for i in range(4)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": states[1])
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: states)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda new: pytest.fail("restored every device's state"))
+    saved = capture_rng({})
+    assert torch.equal(saved["cuda"], states[1])
+    restore_rng(saved, {})
+    restore_rng({**saved, "cuda": states[:3]}, {})  # an older checkpoint of 3 GPUs: device 1's
+    restore_rng({**saved, "cuda": states[:1]}, {})  # of 1 GPU: its only entry
+    assert [int(s[0]) for s in restored] == [1, 1, 0]
+
+
+def test_no_checkpoint_holds_the_reference_and_an_older_one_with_it_resumes_alike(tmp_path, cache_dir):
+    """The checkpoints hold the policy, not the frozen reference (made again from the base model on resume; the
+    SIGKILL test above shows that resume bitwise). A checkpoint written before, with ``reference.*`` keys (the
+    base model's weights, as the old code saved them), still loads and continues exactly as the new one: the
+    same metrics of step 3 and the same weights, and the checkpoint it writes has no reference either."""
+    from hydra.utils import instantiate
+    from transformers import AutoModelForCausalLM
+
+    from lit_credit.analysis.compare import run_scalars
+    from tests.conftest import compose_train
+
+    args = ["trainer.max_steps=2", "trainer.val_check_interval=50", "callbacks.checkpoint.every_n_train_steps=2"]
+    new, old = tmp_path / "new", tmp_path / "old"
+    done = lit_credit(new, cache_dir, *args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    checkpoint = new / "checkpoints" / "last.ckpt"
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    assert any(k.startswith("policy.") for k in state["state_dict"])
+    assert not any(k.startswith("reference.") for k in state["state_dict"])
+    base = instantiate(compose_train(ARGS, tmp_path / "compose", cache_dir).model).prepare()  # built: the path
+    weights = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).state_dict()
+    state["state_dict"].update({f"reference.{k}": v for k, v in weights.items()})
+    (old / "checkpoints").mkdir(parents=True)
+    torch.save(state, old / "checkpoints" / "old.ckpt")
+    resumed = {}
+    for run, path in ((new, checkpoint), (old, old / "checkpoints" / "old.ckpt")):
+        again = lit_credit(run, cache_dir, *args[1:], "trainer.max_steps=3", f"ckpt_path={path}")
+        assert again.returncode == 0, again.stderr[-3000:]
+        resumed[run] = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        assert resumed[run]["global_step"] == 3
+        assert not any(k.startswith("reference.") for k in resumed[run]["state_dict"])
+    assert resumed[new]["state_dict"].keys() == resumed[old]["state_dict"].keys()
+    assert all(torch.equal(v, resumed[old]["state_dict"][k]) for k, v in resumed[new]["state_dict"].items())
+    scalars = {run: run_scalars(run) for run in (new, old)}
+    step3 = {tag: values[2] for tag, values in scalars[new].items() if 2 in values and not tag.startswith("perf/")}
+    assert {"loss/total", "loss/kl", "train/reward/mean"} <= set(step3)
+    assert step3 == {tag: scalars[old][tag][2] for tag in step3}

@@ -34,7 +34,7 @@ EXPECTED = {  # unresolved, as composed from the old files
     "fsdp": {**SHARED, "accelerator": "gpu", "devices": 2, "precision": "bf16-mixed",
              "strategy": {"_target_": "lightning.pytorch.strategies.ModelParallelStrategy",
                           "data_parallel_size": None, "tensor_parallel_size": 1,
-                          "save_distributed_checkpoint": False}},
+                          "save_distributed_checkpoint": True}},
 }
 
 

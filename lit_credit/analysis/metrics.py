@@ -1,9 +1,10 @@
 """Rollout metrics of a batch: the shared ones (:func:`batch_metrics`) and the metric sets a method adds by
 config (``metrics=tool``: :class:`ToolMetrics`, ``metrics=turn``: :class:`TurnMetrics`), the pass@k of a sampled
 validation (:func:`pass_at_k`, :func:`pass_at_k_metrics`), and the segment gradient cosine of SLCA's diagnostics
-(:func:`segment_grad_cosine`)."""
+(:func:`segment_grad_cosine`, :func:`gradient_cosine`)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 from lit_credit.credit.groups import nonzero_variance_groups
 from lit_credit.credit.slca import segment_masks
+from lit_credit.distributed import all_reduce_sum
 from lit_credit.losses import PolicyLoss, aggregate
 from lit_credit.types import RolloutBatch
 
@@ -41,7 +43,7 @@ def step_exact_match(tool_exact: torch.Tensor, gold_steps: torch.Tensor) -> dict
     """
     depth = int(gold_steps.max().item()) if len(gold_steps) else 0
     exact = torch.cat([tool_exact, tool_exact.new_zeros(len(tool_exact), max(depth - tool_exact.shape[1], 0))], 1)
-    has_step = gold_steps[:, None] > torch.arange(depth)
+    has_step = gold_steps[:, None] > torch.arange(depth, device=gold_steps.device)
     hits = ((exact[:, :depth] == 1) & has_step).sum(0)
     return {k + 1: (hits[k] / has_step[:, k].sum()).item() for k in range(depth)}
 
@@ -210,3 +212,11 @@ def segment_grad_cosine(loss: PolicyLoss, logp: torch.Tensor, advantages: torch.
     if not all(g.norm() > 0 for g in grads):
         return None
     return F.cosine_similarity(grads[0], grads[1], dim=0).item()
+
+
+def gradient_cosine(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    """``cos(g_a, g_b) = sum(a b) / sqrt(sum(a^2) sum(b^2))`` of two gradients given as this rank's parts (its
+    shards under FSDP2), each sum over the ranks (:func:`~lit_credit.distributed.all_reduce_sum`; gradients that
+    every rank holds whole, as under DDP, scale all three sums alike). None when either gradient is 0."""
+    dot, aa, bb = all_reduce_sum(torch.stack([(a * b).sum(), (a * a).sum(), (b * b).sum()]).double()).tolist()
+    return dot / math.sqrt(aa * bb) if aa > 0 and bb > 0 else None

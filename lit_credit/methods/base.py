@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import warnings
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from lit_credit.checkpoint import capture_rng, restore_rng
-from lit_credit.distributed import gather_objects
+from lit_credit.distributed import gather_objects, launch_rank, max_over_ranks
 from lit_credit.losses import PolicyLoss
 from lit_credit.models.chunked_head import check_chunkable
 from lit_credit.models.logprobs import length_buckets, token_logprobs
@@ -28,16 +29,77 @@ warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 warnings.filterwarnings("ignore", message=r".*sync_dist=True.*")
 
 
+def _drop_reference_keys(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """A ``load_state_dict`` pre-hook: the ``reference.*`` entries of a checkpoint written before the reference
+    left the state dict are dropped (the reference is made again from the policy's initial weights)."""
+    for key in [k for k in state_dict if k.startswith(f"{prefix}reference.")]:
+        del state_dict[key]
+
+
+def _unsaved_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers the state dict leaves out (non-persistent, e.g. rotary frequencies), by qualified name."""
+    return {f"{name}.{key}" if name else key: buffer for name, module in model.named_modules()
+            for key, buffer in module._buffers.items()
+            if buffer is not None and key in module._non_persistent_buffers_set}
+
+
+def _to_meta(model: torch.nn.Module) -> None:
+    """Every parameter and buffer of ``model`` replaced by a meta tensor of its shape, in place (the module
+    objects stay; a tied weight stays one parameter)."""
+    made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for key, value in store.items():
+                if value is None or value.is_meta:
+                    continue
+                if id(value) not in made:
+                    empty = torch.empty_like(value, device="meta")
+                    if isinstance(value, torch.nn.Parameter):
+                        empty = torch.nn.Parameter(empty, requires_grad=value.requires_grad)
+                    made[id(value)] = (value, empty)
+                store[key] = made[id(value)][1]
+
+
+def _fill_from_rank0(model: torch.nn.Module, full: dict[str, torch.Tensor], extra: dict[str, torch.Tensor],
+                     device: torch.device) -> None:
+    """Allocate the sharded meta ``model`` on ``device`` and fill it from rank 0's ``full`` state dict and
+    ``extra`` unsaved buffers (empty on the other ranks), one tensor at a time."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model.to_empty(device=device)
+    set_model_state_dict(model, dict(full), options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for name, buffer in _unsaved_buffers(model).items():
+        with torch.no_grad():
+            if name in extra:
+                buffer.copy_(extra[name])
+            torch.distributed.broadcast(buffer, src=0)
+
+
+def weights_hash(model: torch.nn.Module) -> str:
+    """BLAKE2b of every parameter's name, dtype, shape and bytes, in order: the same weights, whatever the machine."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in model.state_dict().items():
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 class PolicyModule(L.LightningModule):
     """The plumbing of a policy-optimisation module with manual optimisation; the algorithm is the subclass's.
 
     Holds the policy (``policy.load()``: loads, never trains; the entry points prepare the embedded policy
-    first), the frozen reference when ``uses_reference`` (a deep copy; for a LoRA policy the base with adapters
-    disabled, no copy), the optimiser and scheduler factories, ``max_grad_norm`` and the log-prob micro-batch
-    budget. Provides log-probs at the batch's temperature, gradient clipping, FSDP2 sharding, the dropout-off
-    RL mode and exact resume (every random state of the module, its :meth:`random_sources`, the DataModule's
-    position, the reward's and judge's generators in the checkpoint). Every generation goes through
-    :attr:`experience`, the DataModule's experience layer, bound to the policy once in :meth:`setup`.
+    first), the frozen reference when ``uses_reference`` (:attr:`reference`: a copy of the policy as loaded, kept
+    out of the state dict and the checkpoints; for a LoRA policy the base with adapters disabled, no copy), the
+    optimiser and scheduler factories, ``max_grad_norm`` and the log-prob micro-batch budget. Provides log-probs at
+    the batch's temperature, gradient clipping, FSDP2 sharding, the dropout-off RL mode and exact resume (every
+    random state of the module, its :meth:`random_sources`, the DataModule's position, the reward's and judge's
+    generators in the checkpoint). Every generation goes through :attr:`experience`, the DataModule's experience
+    layer, bound to the policy once in :meth:`setup`.
+
+    Host memory: the launch's rank 0 loads the policy; under several processes the other ranks build it on the
+    meta device (no weight read). Under FSDP2 their shards, and every rank's reference shards, are filled from
+    rank 0's one load (:meth:`configure_model`); under any other strategy they load it in :meth:`setup`, as rank 0
+    did. A LoRA policy is loaded on every rank.
     """
 
     def __init__(self, policy: PolicySource, uses_reference: bool, optimizer: OptimizerCallable = torch.optim.AdamW,
@@ -55,17 +117,51 @@ class PolicyModule(L.LightningModule):
         self.logprob_token_budget = logprob_token_budget  # padding-free micro-batches (models.token_logprobs)
         self.logprob_temperature = logprob_temperature  # None: the batch's sampling temperature
         self._resume_rng: dict[str, Any] | None = None
-        self.policy, self.tokenizer = policy.load()
+        self._awaits_weights = policy.lora is None and launch_rank() != 0  # on the meta device until rank 0's
+        self.policy, self.tokenizer = policy.load(empty=self._awaits_weights)
         self.head_chunk_tokens = policy.head_chunk_tokens  # the chunked LM head (models.chunked_head)
         if self.head_chunk_tokens is not None:
             check_chunkable(self.policy)
         self.uses_reference = uses_reference
-        self.reference = None  # a LoRA policy's reference is itself with adapters disabled
-        if self.uses_reference and not is_peft(self.policy):
-            # A copy of the policy as loaded, fp32 like its master weights: it computes as the policy does (the
-            # same autocast; under FSDP2 the same sharding and mixed precision, configure_model), so the KL
-            # starts at exactly 0.
-            self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        # A LoRA policy's reference is itself with adapters disabled; any other's is a copy of the policy as
+        # loaded, made in setup / configure_model (:attr:`reference`), before a resumed run restores the weights.
+        self._reference_due = self.uses_reference and not is_peft(self.policy)
+        self.__dict__["_reference"] = None  # no submodule: not in the state dict, so in no checkpoint
+        # The initial weights the reference is made from, as a hash a checkpoint carries (on the loading rank).
+        self.initial_weights = weights_hash(self.policy) if self._reference_due and not self._awaits_weights else None
+        self.register_load_state_dict_pre_hook(_drop_reference_keys)  # an older checkpoint's reference.* keys
+
+    @property
+    def reference(self) -> torch.nn.Module | None:
+        """The frozen reference policy: a copy of the policy as loaded, fp32 like its master weights, computing as
+        the policy does (the same autocast; under FSDP2 the same sharding and mixed precision), so the KL starts at
+        exactly 0. None for a LoRA policy (its base with adapters disabled) and without a KL term.
+
+        Not a submodule, so neither the state dict nor a checkpoint holds it: it is made again from the policy's
+        initial weights in :meth:`setup` (one process, DDP: a deep copy) or :meth:`configure_model` (FSDP2: from
+        rank 0's load), both before a resumed run's checkpoint restores the policy; :meth:`_apply` moves and casts
+        it with the module. A module driven without a Trainer gets it at first use."""
+        if self._reference_due and self.device_mesh is None:
+            self._bring_in()
+        return self.__dict__["_reference"]
+
+    def _bring_in(self) -> None:
+        """Without a device mesh: the policy's weights on a rank that built it on the meta device (loaded now, as
+        rank 0 loaded them) and the reference's deep copy. With one, only rank 0's weights (configure_model
+        broadcasts them): loaded here if this rank built the meta model."""
+        mesh = self.device_mesh
+        if self._awaits_weights and (mesh is None or torch.distributed.get_rank() == 0):
+            self.policy, self._awaits_weights = self.source.load()[0], False
+        if mesh is None and self._reference_due:
+            self.__dict__["_reference"] = copy.deepcopy(self.policy).eval().requires_grad_(False)
+            self._reference_due = False
+
+    def _apply(self, fn, recurse: bool = True):
+        """``nn.Module._apply`` (``to``, ``cuda``, ``float``, ``to_empty``, ...), the reference included."""
+        super()._apply(fn, recurse)
+        if recurse and self.__dict__.get("_reference") is not None:
+            self.__dict__["_reference"]._apply(fn, recurse)
+        return self
 
     def configure_model(self) -> None:
         """FSDP2 under ``ModelParallelStrategy``: ``fully_shard`` each decoder layer, then the root, of the policy
@@ -81,6 +177,13 @@ class PolicyModule(L.LightningModule):
         fp32 and the optimiser updates the fp32 shards, so an update smaller than a bf16 ulp still moves a weight.
         Lightning's bf16 autocast stays on around it. Without a device mesh (one device, DDP) that autocast alone
         gives bf16 compute over the fp32 weights.
+
+        Host memory (not LoRA): only rank 0 holds the loaded weights; every rank shards the policy and the
+        reference on the meta device, allocates its shards (``to_empty``) and receives them from rank 0's load,
+        one tensor at a time (``set_model_state_dict(..., broadcast_from_rank0=True)``; the buffers outside the
+        state dict, e.g. rotary frequencies, broadcast too). No rank but 0 ever holds a full copy, and the
+        reference is filled from the same load. The values are rank 0's load's, bitwise those every rank loaded
+        before. A LoRA policy is sharded where every rank loaded it.
 
         A no-op without a device mesh and when the policy is already sharded. Lightning calls it before
         ``configure_optimizers``, so the optimiser sees the sharded (DTensor) parameters.
@@ -98,13 +201,29 @@ class PolicyModule(L.LightningModule):
         mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed \
             else MixedPrecisionPolicy()
         blocks = set(getattr(self.policy, "_no_split_modules", None) or ())
-        for model, reshard_root in ((self.policy, None), (self.reference, True)):
-            if model is None:
-                continue
+
+        def shard(model: torch.nn.Module, reshard_root: bool | None) -> None:
             for module in model.modules():
                 if any(cls.__name__ in blocks for cls in type(module).__mro__):  # checkpointed layers subclass them
                     fully_shard(module, mesh=dp_mesh, mp_policy=mp_policy)
             fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_root)
+
+        if is_peft(self.policy):
+            shard(self.policy, None)
+            return
+        self._bring_in()  # rank 0's weights, if this rank was not the launch's rank 0
+        loaded = torch.distributed.get_rank() == 0
+        full = self.policy.state_dict() if loaded else {}  # the loaded tensors themselves, no copy
+        extra = _unsaved_buffers(self.policy) if loaded else {}
+        _to_meta(self.policy)
+        models = [(self.policy, None)]
+        if self._reference_due:  # a copy of the meta model costs nothing
+            self.__dict__["_reference"] = copy.deepcopy(self.policy).eval().requires_grad_(False)
+            self._reference_due = False
+            models.append((self.reference, True))
+        for model, reshard_root in models:
+            shard(model, reshard_root)
+            _fill_from_rank0(model, full, extra, self.trainer.strategy.root_device)
 
     @property
     def experience(self) -> Experience:
@@ -114,8 +233,10 @@ class PolicyModule(L.LightningModule):
         return self.trainer.datamodule.experience
 
     def setup(self, stage: str) -> None:
-        """Bind the policy to the experience layer, once (the engine gets it at its first use, after a resumed
-        run's checkpoint restored the weights)."""
+        """Bring the weights in (:meth:`_bring_in`: before sharding, and before a resumed run's checkpoint restores
+        them), then bind the policy to the experience layer, once (the engine gets it at its first use, after a
+        resumed run's checkpoint restored the weights)."""
+        self._bring_in()
         self.experience.bind(self.policy, self.tokenizer)
 
     def random_sources(self) -> dict[str, Any]:
@@ -135,9 +256,19 @@ class PolicyModule(L.LightningModule):
         checkpoint["rng_states"] = states[0]
         if len(states) > 1:
             checkpoint["rng_states_by_rank"] = states
+        if self.initial_weights is not None:
+            checkpoint["initial_weights"] = self.initial_weights
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """This rank's saved random states (rank 0's when the checkpoint has no entry for it)."""
+        """This rank's saved random states (rank 0's when the checkpoint has no entry for it), after checking that the
+        policy's initial weights, which the frozen reference is made from, are the checkpoint's (its
+        ``initial_weights`` hash, where both the checkpoint and this rank have one)."""
+        saved = checkpoint.get("initial_weights")
+        if saved is not None and self.initial_weights is not None and saved != self.initial_weights:
+            raise ValueError(
+                "the checkpoint was trained from other initial weights than model= loads now (their hashes differ), "
+                "and the frozen KL reference is made again from them, not saved: resume with the model the run "
+                "started from (the same model.path, or the same paths.cache_dir and model.embedded settings)")
         by_rank = checkpoint.get("rng_states_by_rank") or []
         rank = self.global_rank if self._trainer is not None else 0
         self._resume_rng = by_rank[rank] if rank < len(by_rank) else checkpoint.get("rng_states")
@@ -215,13 +346,10 @@ class PolicyModule(L.LightningModule):
                 metrics = loss(logp, logp if old_logp is None else old_logp, advantages, mask, ref_logp)[1]
         return logp, entropies, metrics
 
-    def _micro_batch_count(self, local: int) -> int:
+    @staticmethod
+    def _micro_batch_count(local: int) -> int:
         """The largest number of micro-batches over the ranks (``local`` in one process)."""
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return local
-        count = torch.tensor(local, device=self.device)
-        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-        return int(count)
+        return max_over_ranks([local])[0]
 
     def _gradient_sync(self, on: bool):
         """A context in which DDP all-reduces the gradients of a backward only when ``on`` (else it accumulates

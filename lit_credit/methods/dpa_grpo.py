@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from lit_credit.analysis.metrics import batch_metrics, pass_at_k_metrics
+from lit_credit.distributed import gather_objects
 from lit_credit.interfaces import CreditEstimator, Game, Messages
 from lit_credit.losses import PolicyLoss, masked_mean
 from lit_credit.methods.base import PolicyModule
@@ -61,7 +62,9 @@ class DPAGRPOModule(PolicyModule):
     pairs). ``separate``: two optimisers, each stepped under ``toggle_optimizer`` with its adapter active (under
     Adam a constant loss weight on a role's own optimiser changes nothing but the gradient clipping); ``shared``:
     one optimiser, one step on the sum. Lightning's ``global_step`` counts optimiser steps: 2 per round with
-    ``separate``, 1 with ``shared``.
+    ``separate``, 1 with ``shared``. Several processes (``shared``): every rank runs the passes of every set some
+    rank holds, a weight-0 one where its own share left the set empty (:meth:`loss_sets`), so the collectives of
+    DDP / FSDP2 line up.
 
     Metrics (``<stage>/``): the game record's (form: ``final/*``, ``dpa/*``,
     :meth:`~lit_credit.tasks.form_game.FormGameRecord.metrics`; its ``headline`` on the progress bar), ``reward/*``
@@ -190,7 +193,7 @@ class DPAGRPOModule(PolicyModule):
     def training_step(self, rows: list[dict[str, Any]], batch_idx: int) -> None:
         start = time.perf_counter()
         proposals, record = self.play(rows, training=True)
-        sets = self.loss_sets(self.role_batches(record), proposals)
+        sets = self.loss_sets(self.role_batches(record), proposals, order=list(record.actions))
         logs = {**batch_metrics(proposals, "train"), **record.metrics("train"),
                 **self.experience.backend_counts.take(), "perf/game_s": time.perf_counter() - start}
         self.experience.release()  # the game's generation done: an engine in sleep mode sleeps until the next push
@@ -203,34 +206,63 @@ class DPAGRPOModule(PolicyModule):
         if record.headline is not None:
             self.log("final", logs[f"train/{record.headline}"], prog_bar=True, logger=False, batch_size=len(rows))
 
-    def loss_sets(self, batches: dict[str, tuple[RolloutBatch, str]], proposals: RolloutBatch
-                  ) -> dict[str, list[tuple[str, RolloutBatch, str, float]]]:
-        """Per adapter (``verifier``, ``generator``), the sets of the roles it plays in the game's order, then the
-        proposals on the proposer's: ``(name, batch, role, loss weight)`` (the verifier's sets weigh
-        ``verifier_weight``, the proposals ``proposal_weight``, the others 1)."""
+    def loss_sets(self, batches: dict[str, tuple[RolloutBatch, str]], proposals: RolloutBatch,
+                  order: Sequence[str] | None = None) -> dict[str, list[tuple[str, RolloutBatch, str | None, float]]]:
+        """Per adapter (``verifier``, ``generator``), the sets of the roles it plays in the game's order (``order``:
+        the record's set names; default ``batches``' order), then the proposals on the proposer's: ``(name, batch,
+        role, loss weight)`` (the verifier's sets weigh ``verifier_weight``, the proposals ``proposal_weight``, the
+        others 1).
+
+        Several processes: the sets are every rank's (the names and roles gathered); a set another rank holds and
+        this one does not (its role's rows all left out here) is a padding entry, ``(name, one row of the
+        proposals, None, weight)``, that :meth:`role_backward` runs as a weight-0 pass (:meth:`padding_backward`):
+        every rank then runs the same forwards and backwards, whose collectives (DDP's gradient all-reduce,
+        FSDP2's gathers and reduce-scatters, the micro-batch counts) only line up when every rank reaches them,
+        as the GRPO family pads its minibatches."""
+        held: dict[str, str] = {}
+        for part in gather_objects({name: role for name, (_, role) in batches.items()}):  # rank order
+            for name, role in part.items():
+                held.setdefault(name, role)
+        names = [n for n in dict.fromkeys([*(order or ()), *held]) if n in held]  # the same on every rank
+        pad = proposals.select(torch.zeros(1, dtype=torch.long, device=proposals.input_ids.device))
         sets: dict[str, list] = {"verifier": [], "generator": []}
-        for name, (batch, role) in batches.items():
-            adapter = self.role_adapters[role]
-            sets[adapter].append((name, batch, role, self.verifier_weight if adapter == "verifier" else 1.0))
+        for name in names:
+            adapter = self.role_adapters[held[name]]
+            entry = (name, *batches[name]) if name in batches else (name, pad, None)
+            sets[adapter].append((*entry, self.verifier_weight if adapter == "verifier" else 1.0))
         sets[self.role_adapters[PROPOSER]].append(("proposals", proposals, PROPOSER, self.proposal_weight))
         return sets
 
-    def role_backward(self, sets: list[tuple[str, RolloutBatch, str, float]], cases: torch.Tensor,
+    def role_backward(self, sets: list[tuple[str, RolloutBatch, str | None, float]], cases: torch.Tensor,
                       logs: dict[str, float]) -> float:
         """Backpropagates one adapter's loss under it, the weighted sum of its sets' DPA losses
         (:meth:`action_backward`; ``loss_reduction=sum``: each times its number of decisions, as the official
-        update sums pair means); that loss's value."""
+        update sums pair means), and a padding entry's weight-0 pass (role None, :meth:`loss_sets`); that loss's
+        value."""
         total = 0.0
         for name, batch, role, weight in sets:
-            if weight:
-                # rows of the role batches are grouped by decision; proposal i is decision i
-                rows = cases if name == "proposals" else cases[batch.group_ids.cpu()]
-                if self.loss_reduction == "sum":
-                    weight = weight * batch.group_ids.unique().numel()
-                metrics = self.action_backward(batch, role, name, rows, weight)
-                total += weight * metrics["loss/total"]
-                logs[f"loss/kl/{name}"] = metrics.get("loss/kl", 0.0)
+            if not weight:  # a weight of the config: the same on every rank
+                continue
+            if role is None:
+                self.padding_backward(batch)
+                continue
+            # rows of the role batches are grouped by decision; proposal i is decision i
+            rows = cases if name == "proposals" else cases[batch.group_ids.cpu()]
+            if self.loss_reduction == "sum":
+                weight = weight * batch.group_ids.unique().numel()
+            metrics = self.action_backward(batch, role, name, rows, weight)
+            total += weight * metrics["loss/total"]
+            logs[f"loss/kl/{name}"] = metrics.get("loss/kl", 0.0)
         return total
+
+    def padding_backward(self, batch: RolloutBatch) -> None:
+        """A weight-0 pass of the DPA loss on ``batch`` (no credit, no trace): the reference forward and the
+        micro-batched backward a set's :meth:`action_backward` runs, with a zero mask and scale, so this rank
+        joins the collectives of a set only other ranks hold (:meth:`loss_sets`); the gradients are unchanged."""
+        batch = batch.to(self.device)
+        ref = self.reference_logprobs(batch)
+        zeros = torch.zeros_like(batch.response_mask)
+        self.backward_by_micro_batch(batch, self.loss, zeros, zeros, ref, scale=0.0, entropy=False)
 
     def update_roles(self, sets: dict[str, list], cases: torch.Tensor) -> dict[str, float]:
         """One optimiser step per adapter (``separate``: verifier then generator, each under

@@ -1,6 +1,7 @@
 """The GRPO module: GRPO, Dr.GRPO, DAPO, GSPO, SLCA-GRPO, TCPO, MT-GRPO, ToolPO and SLCA x TCPO are its configs."""
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from collections.abc import Callable, Mapping
@@ -8,10 +9,11 @@ from typing import Any
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch.distributed.fsdp import FSDPModule
 
-from lit_credit.analysis.metrics import batch_metrics, pass_at_k_metrics, segment_grad_cosine
+from lit_credit.analysis.metrics import batch_metrics, gradient_cosine, pass_at_k_metrics, segment_grad_cosine
 from lit_credit.credit.groups import kept_share, nonzero_variance_groups
-from lit_credit.credit.slca import credit_leakage
+from lit_credit.credit.slca import credit_leakage, segment_masks
 from lit_credit.distributed import all_reduce_sum, gather_batch, gather_objects, world
 from lit_credit.interfaces import Augmenter, CreditEstimator, MetricSet
 from lit_credit.losses import PolicyLoss, aggregation_denominator, masked_mean
@@ -222,12 +224,34 @@ class GRPOModule(PolicyModule):
             logs["credit/leakage"] = leakage
         logs = self.over_ranks(logs, extreme_by_suffix)
         if self.grad_cosine_every and self.global_step % self.grad_cosine_every == 0 and self.logger is not None:
-            params = [p for p in self.policy.parameters() if p.requires_grad]
-            cosine = segment_grad_cosine(self.loss, self._logprobs(self.policy, batch)[0], advantages,
-                                         batch.response_mask, params)
+            cosine = self.grad_cosine(batch, advantages)
             if cosine is not None:
                 self.logger.log_metrics({"slca/grad_cosine": cosine}, step=self.global_step)
         return advantages, logs
+
+    def grad_cosine(self, batch: RolloutBatch, advantages: torch.Tensor) -> float | None:
+        """SLCA's segment gradient cosine (:func:`~lit_credit.analysis.metrics.segment_grad_cosine`) of this rank's
+        batch. A sharded policy (FSDP2) has gradients only through FSDP2's own backward, which reduce-scatters them
+        into the sharded parameters' ``p.grad``: there each segment's surrogate (the loss without KL, ratio 1) is
+        back-propagated as the update does it (:meth:`backward_by_micro_batch`: the same micro-batches and padding
+        passes on every rank), ``p.grad`` read (this rank's shard of the ranks' summed gradient) and cleared, and
+        the cosine taken over the ranks (:func:`~lit_credit.analysis.metrics.gradient_cosine`)."""
+        if not isinstance(self.policy, FSDPModule):
+            params = [p for p in self.policy.parameters() if p.requires_grad]
+            return segment_grad_cosine(self.loss, self._logprobs(self.policy, batch)[0], advantages,
+                                       batch.response_mask, params)
+        surrogate = copy.copy(self.loss)
+        surrogate.kl_coef = 0.0
+        grads = []
+        for segment in segment_masks(batch.response_mask):
+            self.backward_by_micro_batch(batch, surrogate, advantages, batch.response_mask * segment, None,
+                                         entropy=False)
+            params = [p for p in self.policy.parameters() if p.requires_grad]  # resharded after the backward
+            grads.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).to_local().flatten()
+                                    for p in params]))
+            for p in params:
+                p.grad = None
+        return gradient_cosine(*grads) if len(grads) == 2 else None
 
     def whole_trace(self, batch: RolloutBatch, advantages: torch.Tensor) -> CreditTrace:
         """The credit of every rank's rollouts (the step's gathered batch, each row's rank) for the records; this

@@ -114,14 +114,20 @@ class PolicySource:
         (:meth:`EmbeddedPolicy.build`: the SFT warm start, minutes on CPU the first time; a cache hit after)."""
         return str(self.path) if self.path is not None else str(self.embedded.build())
 
-    def load(self, trainable: bool = True) -> tuple[torch.nn.Module, Any]:
+    def load(self, trainable: bool = True, empty: bool = False) -> tuple[torch.nn.Module, Any]:
         """``(model, tokenizer)`` from the prepared directory; builds and trains nothing.
 
         ``trainable`` (the policy): every parameter that trains is fp32, the master weight the optimiser updates;
         without LoRA the whole model is loaded in fp32 (from a bf16 checkpoint exactly its values; from an fp32
         one without rounding), with LoRA the frozen base stays in ``dtype`` and the adapters (and any
         ``modules_to_save``) are fp32. ``trainable=False`` (a frozen model that is never trained: a judge, a tool
-        simulator): every weight in ``dtype``, half the memory of fp32 in bf16."""
+        simulator): every weight in ``dtype``, half the memory of fp32 in bf16.
+
+        ``empty``: the same model (class, config, generation config, dtypes, tied weights, eval mode) on the meta
+        device, no weight read: what a rank builds that receives its FSDP2 shards from rank 0's load
+        (:meth:`~lit_credit.methods.base.PolicyModule.configure_model`). Not with LoRA."""
+        if empty and self.lora is not None:
+            raise ValueError("PolicySource.load(empty=True): a LoRA policy is loaded on every rank")
         if self.path is not None:
             where = str(self.path)
         elif self.embedded.built:
@@ -135,7 +141,8 @@ class PolicySource:
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         dtype = torch.float32 if trainable and self.lora is None else _DTYPES[self.dtype]
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, local_files_only=True,
+                                                     **({"device_map": "meta"} if empty else {}))
         if self.activation_checkpointing:
             checkpoint_layers(model)
         if self.lora is not None:

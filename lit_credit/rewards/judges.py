@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lit_credit.backends import BackendFailure, Retry
+from lit_credit.backends import BackendFailure, NotRetried, Retry
 
 MIN_REPLY_CHARS = 10
 
@@ -64,6 +64,8 @@ class SummaryJudge:
             return JudgeResult(0.0, None, False, "short_reply")
         try:
             rating = self.rate(question if isinstance(question, str) else "", responses, reply)
+        except NotRetried:
+            raise
         except Exception as err:  # a judge failure is a score of 0, never a crash of the training step
             self.failures += 1
             return JudgeResult(0.0, None, True, f"judge_failed:{type(err).__name__}")

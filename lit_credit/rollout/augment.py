@@ -8,6 +8,7 @@ import torch
 
 from lit_credit.credit.groups import member_index
 from lit_credit.credit.tcpo import SELECT_MODES, select_counterfactual_turns
+from lit_credit.distributed import any_rank
 from lit_credit.interfaces import Sampler
 from lit_credit.rollout.seeds import seeds_of, uniform
 from lit_credit.types import RolloutBatch
@@ -36,6 +37,10 @@ class CounterfactualTurns:
 
     Adds ``batch.extras["alt_scores"]`` [B, K, M] (NaN where not sampled) and ``batch.extras["cf_mask"]``
     [B, K]; logs ``tcpo/cf_turns`` and ``tcpo/cf_alt_mean``. A batch without scored turns is left alone.
+
+    Several processes: every rank makes the one engine call of a batch (the call is a collective under tensor
+    parallelism, :func:`~lit_credit.rollout.loop.generate`), with no prompt where it selected no turn or its
+    batch has no scored turns while another rank's has (agreed with :func:`~lit_credit.distributed.any_rank`).
     """
 
     provides = frozenset({"alt_scores", "cf_mask"})
@@ -66,7 +71,10 @@ class CounterfactualTurns:
     @torch.no_grad()
     def __call__(self, batch: RolloutBatch, sampler: Sampler) -> dict[str, float]:
         mask = self.scored_turns(batch)
-        if mask is None:
+        if not any_rank(mask is not None):
+            return {}
+        if mask is None:  # another rank resamples: join its engine call with no prompt (a collective)
+            sampler.sample([], replace(sampler.sampling, n=self.samples), [])
             return {}
         group, member = batch.group_ids.cpu()[:, None], member_index(batch.group_ids).cpu()[:, None]
         turns = torch.arange(mask.shape[1])

@@ -111,21 +111,33 @@ class HFEngine:
         them, when :meth:`sleep` puts them back."""
         if self._unsharded or not (modules := _fsdp_modules(self.model)):
             return
-        for module in modules:
-            module.set_reshard_after_forward(False, recurse=False)
-            module.unshard()
+        # FSDP2 keeps the unsharded parameters it allocates here for the whole run and all-gathers into them in
+        # training: they must not be inference tensors, which Lightning's validation under NCCL would make.
+        with torch.inference_mode(False):
+            # FSDP2 makes the first module to run forward its root. A LoRA policy generates through its base
+            # model's generate, below the root: initialise the root first, or the first layer reached would be.
+            modules[0]._get_fsdp_state()._lazy_init()
+            for module in modules:
+                module.set_reshard_after_forward(False, recurse=False)
+                module.unshard()
         self._unsharded = modules
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: SamplingParams,
                  seeds: list[int] | None = None) -> list[list[Completion]]:
+        """``sampling.n`` completions per prompt. No prompt: ``[]``, the model untouched, except that an FSDP2
+        policy is still gathered for the phase (:meth:`_unshard`, a collective), so a rank with nothing to
+        sample keeps in step with the ranks that do (every rank makes the same calls:
+        :func:`~lit_credit.rollout.loop.generate`)."""
         if self.model is None:
             raise RuntimeError("HFEngine.generate before bind(model, tokenizer)")
-        if seeds is None:
-            seeds = torch.randint(0, 2 ** 62, (len(prompts),)).tolist()
-        if len(seeds) != len(prompts):
+        if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"HFEngine.generate: {len(seeds)} seeds for {len(prompts)} prompts (one per prompt)")
         self._unshard()
+        if not prompts:
+            return []
+        if seeds is None:
+            seeds = torch.randint(0, 2 ** 62, (len(prompts),)).tolist()
         flat = [p for p in prompts for _ in range(sampling.n)]
         rows = row_seeds(seeds, sampling.n)
         out: list[Completion] = []

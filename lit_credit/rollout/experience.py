@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 import torch
 
-from lit_credit.backends import CountsSince, Retry, count
+from lit_credit.backends import CountsSince, NotRetried, Retry, count
 from lit_credit.checkpoint import capture_rng, restore_rng
-from lit_credit.distributed import share
+from lit_credit.distributed import share, world
 from lit_credit.interfaces import Environment, Messages, Reward, RolloutEngine, ToolPrompt
 from lit_credit.models.chat import ChatCodec
 from lit_credit.rollout.loop import Episode, env_step, generate, run_episodes, to_batch
@@ -59,7 +59,10 @@ class Experience:
     of all of it, identically; each rank generates only its contiguous share
     (:func:`~lit_credit.distributed.share`: whole groups); :meth:`attach` (the DataModule's ``setup``) gives the
     rank, the world size and the prompt stream. With the per-group seeds a run's rollouts are the same on 1 or N
-    processes.
+    processes. Every rank calls the engine's ``generate`` equally often, with no prompt where it has none (the
+    call is a collective for a tensor-parallel vLLM group and an FSDP2 policy; the rule is the whole world's, a
+    superset of every tensor-parallel group): the episodes' turns and the retries are agreed over the ranks
+    (:func:`~lit_credit.rollout.loop.run_episodes`, :func:`~lit_credit.rollout.loop.generate`).
 
     Validation: greedy (``val_sampling``; default: greedy, n = 1, the train sampling's ``max_new_tokens`` and
     ``stop``) and, with ``val_samples > 0``, ``val_samples`` samples per prompt at temperature 1, top-p 1
@@ -228,8 +231,11 @@ class Experience:
         through the engine's retries (``data.engine_retry``;
         without one an engine error propagates), an engine :meth:`release` put to sleep woken first; when every
         attempt failed each prompt gets ``n`` empty completions with finish reason ``"error"`` (counted in
-        ``backend/<retry name>/*``), as in :meth:`rollout_groups`. No prompt: no engine call."""
-        if not prompts:
+        ``backend/<retry name>/*``), as in :meth:`rollout_groups`. No prompt: no engine call in one process;
+        with several, an engine call with no prompt, for the call is a collective (a tensor-parallel group's
+        engine, an FSDP2 policy's gather; :func:`~lit_credit.rollout.loop.generate`): every rank reaches each
+        ``sample`` of a step (the same game, the same augmenter), whatever its share holds."""
+        if not prompts and world()[1] == 1:
             return []
         engine = self._ready_engine()
         self._wake()
@@ -265,6 +271,8 @@ class Experience:
         try:
             result = self.reward(episode.row, episode.replies, tool_responses=episode.tool_responses,
                                  turn_scores=episode.turn_scores)
+        except NotRetried:
+            raise
         except Exception:  # a reward bug on odd input is a zero score, counted, never a crash
             count("backend/reward/errors")
             return RewardResult(0.0)
@@ -289,6 +297,8 @@ class Experience:
                              "augment=counterfactual (the environment's verifier)")
         try:
             return float(scorer(row, turn, reply))
+        except NotRetried:
+            raise
         except Exception:  # a reward bug on odd input is a zero score, counted, never a crash
             count("backend/reward/errors")
             return 0.0

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from lit_credit.backends import BackendFailure, Retry, count
+from lit_credit.backends import BackendFailure, NotRetried, Retry, count
+from lit_credit.distributed import any_rank, world
 from lit_credit.interfaces import Environment, RolloutEngine
 from lit_credit.models.chat import ChatCodec
 from lit_credit.rollout.seeds import mix_seed
@@ -65,11 +66,17 @@ def generate(engine: RolloutEngine, prompts: list[list[int]], sampling: Sampling
              retry: Retry | None = None, seeds: list[int] | None = None) -> list[list[Completion]]:
     """``engine.generate`` (prompt ``i`` seeded ``seeds[i]``, or by the engine) through ``retry``; when every
     attempt fails each prompt gets ``sampling.n`` empty completions with finish reason ``"error"`` (no tokens to
-    learn from, a zero score from the reward)."""
+    learn from, a zero score from the reward).
+
+    Several processes: ``generate`` is a collective (the ranks of a tensor-parallel vLLM group run one engine;
+    an FSDP2 policy's first generation of a phase all-gathers it), so every rank of the world calls it equally
+    often: the caller makes the call on every rank (an empty ``prompts`` where a rank has none), and the ranks
+    agree after every attempt whether to retry (:class:`~lit_credit.backends.Retry`'s ``agree``,
+    :func:`~lit_credit.distributed.any_rank`)."""
     if retry is None:
         return engine.generate(prompts, sampling, seeds)
     try:
-        return retry(engine.generate, prompts, sampling, seeds)
+        return retry(engine.generate, prompts, sampling, seeds, agree=any_rank if world()[1] > 1 else None)
     except BackendFailure:
         return [[FAILED] * sampling.n for _ in prompts]
 
@@ -78,6 +85,8 @@ def env_step(env: Environment, row: dict[str, Any], turn: int, text: str) -> Fee
     """``env.step``; one that raises ends the episode (no turn score) and counts ``backend/environment/errors``."""
     try:
         return env.step(row, turn, text)
+    except NotRetried:
+        raise
     except Exception:  # an environment bug on odd input must not end the run
         count("backend/environment/errors")
         return Feedback(done=True)
@@ -89,7 +98,11 @@ def run_episodes(engine: RolloutEngine, codec: ChatCodec, env: Environment, rows
     """``sampling.n`` episodes per row (grouped by ``group_ids``), each up to ``max_turns`` assistant turns;
     engine calls go through ``retry`` (:func:`generate`). ``seeds[i]``: row i's seed (the engine's without):
     the first turns are sampled with it, turn ``t > 0`` of the row's episode ``k`` with ``mix_seed(seeds[i], k, t)``,
-    so an episode's every turn is a function of its seed."""
+    so an episode's every turn is a function of its seed.
+
+    Several processes: every rank makes as many engine calls as the rank with the most turns (:func:`generate`
+    is a collective): after each turn the ranks agree whether any episode goes on
+    (:func:`~lit_credit.distributed.any_rank`), and a rank whose episodes all ended calls with no prompt."""
     prompts = [codec.prompt_ids(r["prompt"], tool_schemas(r)) for r in rows]
     episodes = [Episode(row=r, group=g, token_ids=list(p))
                 for r, g, p in zip(rows, group_ids, prompts) for _ in range(sampling.n)]
@@ -109,7 +122,7 @@ def run_episodes(engine: RolloutEngine, codec: ChatCodec, env: Environment, rows
             ep.add_feedback(codec.feedback_ids(fb.messages, reply_closed=closed))
             still.append(i)
         active = still
-        if not active:
+        if turn == max_turns - 1 or not any_rank(bool(active)):  # the last turn: no rank goes on
             break
         follow_seeds = None if seeds is None else \
             [mix_seed(seeds[i // sampling.n], i % sampling.n, turn + 1) for i in active]

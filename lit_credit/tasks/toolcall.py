@@ -29,7 +29,7 @@ from typing import Any
 
 import datasets
 
-from lit_credit.backends import BackendFailure, Retry
+from lit_credit.backends import BackendFailure, NotRetried, Retry
 from lit_credit.rewards.hierr import CLOSE, OPEN, ToolCallBlock, normalize_gold_calls, parse_tool_calls
 from lit_credit.tasks.base import Environment, Feedback, Task, disjoint_train, heldout_split
 from lit_credit.tasks.tool_catalog import (
@@ -178,6 +178,8 @@ class ToolBackend:
             if problem is not None:
                 return error_json(problem)
             return self.answer(name, dict(args), schema)
+        except NotRetried:
+            raise
         except Exception as err:  # a backend bug is an error response, never a crash of the rollout
             return error_json(f"tool failed: {type(err).__name__}")
 

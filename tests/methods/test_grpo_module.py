@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lit_credit.methods import GRPOModule
+from lit_credit.methods.base import weights_hash
 from lit_credit.models import token_logprobs
 from lit_credit.rollout import HFEngine
 from lit_credit.train import build, train
@@ -80,7 +81,8 @@ def test_run_writes_tensorboard_checkpoints_and_an_hf_copy(make_cfg, tmp_path):
     assert max(v for _, v in series["train/engine_logprob_gap"]) < 1e-4
     ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 4 and ckpt["optimizer_states"] and ckpt["lr_schedulers"]
-    assert any(k.startswith("reference.") for k in ckpt["state_dict"])  # the frozen KL reference travels too
+    assert not any(k.startswith("reference.") for k in ckpt["state_dict"])  # the frozen reference is rebuilt, never saved
+    assert ckpt["initial_weights"] == weights_hash(build(cfg)[0].policy)  # ... from these initial weights
     hf = AutoModelForCausalLM.from_pretrained(out / "checkpoints" / "hf" / "last")
     trained = {f"policy.{k}": v for k, v in hf.state_dict().items()}
     assert all(torch.equal(trained[k], ckpt["state_dict"][k]) for k in trained if k in ckpt["state_dict"])
@@ -152,3 +154,17 @@ def test_over_ranks_reduces_each_key_over_the_ranks_that_logged_it(monkeypatch):
     out = grpo.GRPOModule.over_ranks(ranks[0], grpo.extreme_by_suffix)
     assert out == {"a/max": 3.0, "a/min": -1.0, "loss": 3.0, "credit/tool/adv_mean": 0.6}
     assert grpo.GRPOModule.over_ranks(ranks[0], {"loss": max})["loss"] == 4.0
+
+
+def test_a_checkpoint_of_other_initial_weights_is_refused(make_cfg):
+    """The frozen reference is made again from the policy's initial weights on resume, never saved: a checkpoint
+    carries their hash, and resuming with other initial weights (another model.path, a rebuilt warm start) fails."""
+    module = build(make_cfg("experiment=grpo_arith"))[0]
+    assert module.initial_weights == weights_hash(module.policy)  # built from the weights as loaded
+    module.on_load_checkpoint({"initial_weights": module.initial_weights})  # the same weights: fine
+    other = copy.deepcopy(module.policy)
+    with torch.no_grad():
+        next(other.parameters()).view(-1)[0] += 1e-6  # one weight, one ulp or so
+    assert weights_hash(other) != module.initial_weights
+    with pytest.raises(ValueError, match=r"other initial weights .* model\.path"):
+        module.on_load_checkpoint({"initial_weights": weights_hash(other)})

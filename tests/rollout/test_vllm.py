@@ -104,6 +104,23 @@ def random_loss_steps(model, vocab: int, steps: int = 5) -> None:
     model.eval()
 
 
+def test_the_installed_workers_reload_weights_takes_a_weights_iterator():
+    """The push calls ``collective_rpc("reload_weights", kwargs={"weights_iterator": ...})``: pyproject's
+    ``vllm>=0.16.0`` is the first release whose worker forwards it to the model runner's
+    ``reload_weights(weights_iterator, weights_path, is_checkpoint_format)`` (0.15's took no argument: a reload
+    from disk). The installed build's worker classes must take it."""
+    import inspect
+
+    from vllm.v1.worker.cpu_worker import CPUWorker
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu_worker import Worker
+
+    for worker in (Worker, CPUWorker):
+        params = inspect.signature(worker.reload_weights).parameters
+        assert "weights_iterator" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()), worker
+    assert "weights_iterator" in inspect.signature(GPUModelRunner.reload_weights).parameters
+
+
 def test_generate_n_samples_with_logprobs_finish_reasons_and_stop_strings(engine, policy, prompts):
     _, tok = policy
     results = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6))
@@ -364,7 +381,12 @@ def test_grpo_run_keeps_the_engine_in_sync(make_cfg, temperature):
     assert trainer.global_step == 3 and len(gaps) == 3
     assert moved > 1e-3, "the policy should have moved, or the sync is not exercised"
     assert max(gaps) < 1e-5
-    datamodule.experience.engine.close()
+    # Closed at the end of fit (the DataModule's teardown): vLLM's groups are gone, so a next run in this
+    # process (the next parameter here, a local -m sweep's next job) builds its engine on a clean state.
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    engine = datamodule.experience.engine
+    assert engine.llm is None and engine.directory is None and not model_parallel_is_initialized()
 
 
 def test_grpo_run_without_weight_sync_trips_the_guard(make_cfg):
