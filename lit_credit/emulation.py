@@ -69,6 +69,7 @@ def place_of(tensor: torch.Tensor) -> str | None:
 
 
 def mark(tensor: torch.Tensor, place: str | None) -> None:
+    """Record that ``tensor`` lives at ``place`` (None: leave it unplaced)."""
     if place is not None:
         with contextlib.suppress(AttributeError, RuntimeError):  # a tensor type without a __dict__
             setattr(tensor, _TAG, place)
@@ -102,8 +103,6 @@ def _device_argument(name: str, args: tuple, kwargs: dict) -> tuple[bool, Any]:
             if isinstance(arg, torch.Tensor):
                 return True, arg
     return False, None
-
-
 
 
 class DeviceCheck(TorchFunctionMode):
@@ -183,9 +182,8 @@ class DeviceCheck(TorchFunctionMode):
         else:
             place = ACC if ACC in places else (HOST if HOST in places else None)
         if place is not None and result is not None and not isinstance(result, (bool, int, float, str)):
-            if isinstance(result, torch.Tensor) and any(result is t for t in inputs) and place != places[
-                    next(i for i, t in enumerate(inputs) if result is t)] and not isinstance(result,
-                                                                                           torch.nn.Parameter):
+            moved = [p for t, p in zip(inputs, places) if t is result]
+            if moved and moved[0] != place and not isinstance(result, torch.nn.Parameter):
                 result = result.view_as(result)  # a move that is a no-op on CPU: a new tensor, the input keeps its place
             for out in tree_flatten(result)[0]:
                 if isinstance(out, torch.Tensor):
