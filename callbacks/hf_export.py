@@ -8,7 +8,7 @@ from pathlib import Path
 
 import lightning as L
 
-from lit_credit.models.state import full_state_dict, is_sharded
+from lit_credit.models.state import full_state_dict, is_sharded, tied_names
 
 
 def save_pretrained_atomic(model, tokenizer, target: Path, state_dict: dict | None = None) -> Path:
@@ -42,7 +42,10 @@ class HFExport(L.Callback):
 
     def _export(self, trainer: L.Trainer, pl_module: L.LightningModule, name: str) -> None:
         policy = pl_module.policy
-        state = full_state_dict(policy) if is_sharded(policy) else None  # a collective: every rank gathers
+        state = None
+        if is_sharded(policy):  # a collective: every rank gathers; tied weights written once, as unsharded
+            tied = tied_names(policy)
+            state = {k: v for k, v in full_state_dict(policy).items() if k not in tied}
         if trainer.is_global_zero:
             save_pretrained_atomic(policy, pl_module.tokenizer, self.dirpath / name, state_dict=state)
 

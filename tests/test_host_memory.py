@@ -93,6 +93,7 @@ def test_fsdp2_distributed_checkpoints_resume_bitwise_and_the_hf_export_loads(tm
     resumed from it (``resume=auto``) a 2-step run continues to step 3 bitwise as the 3-step run (the exported
     weights; the logged metrics of step 3), and the HF export of the sharded policy loads with
     ``from_pretrained``."""
+    from safetensors import safe_open
     from torch.distributed.checkpoint import FileSystemReader
     from transformers import AutoModelForCausalLM
 
@@ -115,6 +116,11 @@ def test_fsdp2_distributed_checkpoints_resume_bitwise_and_the_hf_export_loads(tm
     assert torch.load(last / "meta.pt", weights_only=False)["global_step"] == 3
     assert not [p.name for p in last.parent.iterdir() if p.name.startswith(".")]  # no temporary, no old copy
 
+    # The tied output embedding is written once, as the one-process export writes it (the gathered tensors share
+    # no storage, so save_pretrained cannot tell).
+    with safe_open(straight / "checkpoints" / "hf" / "last" / "model.safetensors", "pt") as exported:
+        names = set(exported.keys())
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
     models = [AutoModelForCausalLM.from_pretrained(r / "checkpoints" / "hf" / "last") for r in (straight, resumed)]
     weights = [m.state_dict() for m in models]
     assert weights[0].keys() == weights[1].keys()

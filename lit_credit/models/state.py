@@ -23,3 +23,15 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def tied_names(model: torch.nn.Module) -> set[str]:
+    """The names of parameters that are an earlier-named parameter (the output embedding of tied word embeddings):
+    what ``save_pretrained`` leaves out of an unsharded model's files, and must leave out of a gathered state dict,
+    whose tensors no longer share storage."""
+    seen, tied = set(), set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied.add(name)
+        seen.add(id(param))
+    return tied
