@@ -308,13 +308,18 @@ class Day:
         """Phase 0: the carried wheels (.gpu-wheels/, scripts/gpu_wheels.sh) with ``pip install --no-index
         --no-deps``, then lit-credit itself, editable and without dependencies, whose ``lit-credit`` console script
         the runs use (``python -m lit_credit.train`` from source if that install fails). ``--cpu``: nothing goes
-        into the environment; the wheels are installed into a scratch directory for CPython 3.12 instead (they
-        install, one version each), and the runs use the ``lit-credit`` beside this Python."""
+        into the environment; the wheels (made by scripts/gpu_wheels.sh first when .gpu-wheels/ lacks them: a fresh
+        checkout) are installed into a scratch directory for CPython 3.12 instead (they install, one version each),
+        and the runs use the ``lit-credit`` beside this Python."""
         start = time.monotonic()
         bin_dir = Path(sys.executable).parent
+        want = sorted(norm(w.split("==")[0]) for w in wheel_list())
+        if self.cpu and sorted(norm(p.name.split("-")[0]) for p in (ROOT / ".gpu-wheels").glob("*.whl")) != want:
+            # a fresh checkout (CI): make them as `make gpu-wheels` does (here the package index is reachable)
+            run(["bash", str(ROOT / "scripts" / "gpu_wheels.sh")], self.work / "wheels.log",
+                min(300, self.deadline - now()), {**self.env, "PY": sys.executable})
         found = sorted((ROOT / ".gpu-wheels").glob("*.whl"))
         names = sorted(norm(p.name.split("-")[0]) for p in found)
-        want = sorted(norm(w.split("==")[0]) for w in wheel_list())
         details: dict = {"files": [p.name for p in found], "bytes": sum(p.stat().st_size for p in found)}
         problems = []
         if names != want:
