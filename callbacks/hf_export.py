@@ -1,31 +1,25 @@
 """An HF ``save_pretrained`` copy of the policy beside the Lightning checkpoints."""
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import lightning as L
 
+from lit_credit.checkpoint import replace_path
 from lit_credit.models.state import full_state_dict, is_sharded, tied_names
 
 
 def save_pretrained_atomic(model, tokenizer, target: Path, state_dict: dict | None = None) -> Path:
-    """Write model + tokenizer to a temporary sibling directory, then swap it in with a rename."""
+    """Write model + tokenizer to a temporary sibling directory, then swap it in
+    (:func:`~lit_credit.checkpoint.replace_path`)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         model.save_pretrained(tmp, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
-        old = None
-        if target.exists():
-            old = target.with_name(f".{target.name}-old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_path(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
