@@ -160,15 +160,30 @@ def train(cfg: DictConfig) -> dict[str, float]:
     emulation = gpu_emulation(output_dir) if cfg.get("emulate_gpu") else contextlib.nullcontext()
     with launch_scope(), emulation as recorder:
         module, datamodule, trainer = build(cfg, recorder)
+        start: dict[str, float] = {}
         if cfg.get("validate_first") and not trainer.fast_dev_run and ckpt_path is None:
             trainer.validate(module, datamodule=datamodule, verbose=False)
+            start = {k: float(v) for k, v in trainer.callback_metrics.items()}
         # weights_only=False: a lit-credit checkpoint also pickles hyperparameters (credit, loss) and RNG states;
         # only load checkpoints you trust (your own runs).
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if leader:
         log.info("final metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items()) if "/" in k})
+        if summary := held_out_summary(start, metrics):
+            log.info(summary)
     return metrics
+
+
+HELD_OUT = {"greedy": "val/reward/mean", "sampled": "val/sampled/reward/mean"}
+
+
+def held_out_summary(start: dict[str, float], end: dict[str, float]) -> str | None:
+    """The run's last line: the held-out mean reward, greedy and sampled, at the start (the validation before
+    training, when there was one) and at the end; None when the run validated nothing."""
+    parts = [f"{how} {start[key]:.3f} -> {end[key]:.3f}" if key in start else f"{how} {end[key]:.3f} at the end"
+             for how, key in HELD_OUT.items() if key in end]
+    return "held-out reward: " + ", ".join(parts) if parts else None
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -23,6 +24,7 @@ from lightning.pytorch.utilities import _pytree
 from transformers.utils import logging as hf_logging
 
 from lit_credit.quiet import LOG_MESSAGES, DropMessages, StepProgressBar, default_progress_bar, quiet
+from lit_credit.train import held_out_summary
 from tests.conftest import FAST_MODEL, FAST_TASK
 
 TIP = "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]"
@@ -50,6 +52,18 @@ def test_a_run_prints_its_steps_run_directory_and_metrics_and_no_dependency_nois
     assert "Validation" in bar  # validation still has its bar
     assert f"run directory: {run_dir}" in printed and "final metrics: {" in printed
     assert "`Trainer.fit` stopped: `max_steps=2` reached." in printed  # Lightning's own lines about the run stay
+    # The last line a newcomer reads: held-out reward at the start and at the end, greedy and sampled.
+    last = printed.strip().splitlines()[-1]
+    assert re.search(r"held-out reward: greedy \d\.\d{3} -> \d\.\d{3}, sampled \d\.\d{3} -> \d\.\d{3}$", last), last
+
+
+def test_the_held_out_summary_reads_the_start_and_the_end():
+    start = {"val/reward/mean": 0.25, "val/sampled/reward/mean": 0.2, "train/loss": 1.0}
+    end = {"val/reward/mean": 0.275, "val/sampled/reward/mean": 0.26875}
+    assert held_out_summary(start, end) == "held-out reward: greedy 0.250 -> 0.275, sampled 0.200 -> 0.269"
+    # resumed (no validation before training): the end only; nothing validated: no line
+    assert held_out_summary({}, end) == "held-out reward: greedy 0.275 at the end, sampled 0.269 at the end"
+    assert held_out_summary(start, {"train/loss": 0.5}) is None
 
 
 class Records(logging.Handler):
