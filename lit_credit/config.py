@@ -3,7 +3,8 @@
 Unknown group options (``method=``, ``credit=``, ``loss=``, ``augment=``, ``metrics=``, ``task=``, ``rollout=``, ...) are Hydra's to refuse; it lists
 the valid ones. What is checked here: the group size, the split of a step's prompts over the processes, the split of a step's rollouts into minibatches, the
 dynamic-sampling draw cap, sampling limits, limits that cannot hold together (a completion longer than the
-engine's context, validation without validation prompts), and a vLLM ``rollout.tensor_parallel_size`` that does
+engine's context, validation without validation prompts, a length-normalised loss that does not sum over tokens),
+the loss's ranges (PPO clip, dual-clip, KL coefficient), and a vLLM ``rollout.tensor_parallel_size`` that does
 not tile the trainer's processes (:func:`tensor_parallel_problem`).
 """
 from __future__ import annotations
@@ -115,5 +116,14 @@ def check_config(cfg: DictConfig) -> None:
     clip_low = loss.get("surrogate", {}).get("clip_low")
     _require(clip_low is None or 0 < clip_low < 1, "loss.surrogate.clip_low", clip_low,
              "the PPO ratio clip must be in (0, 1)", "set 0.2 (GRPO's default)")
+    dual = loss.get("surrogate", {}).get("clip_ratio_c")
+    _require(dual is None or dual > 1, "loss.surrogate.clip_ratio_c", dual, "dual-clip bounds a negative-advantage "
+             "token's loss at c |A|, which needs c > 1 (verl asserts it)", "set 3.0 (verl's) or null (no dual-clip, "
+             "the default)")
+    aggregation = loss.get("aggregation")
+    _require(not loss.get("length_normalize", False) or aggregation == "seq-mean-token-sum",
+             "loss.length_normalize", True, "takes each row's mean over its tokens, which needs the per-row sums of "
+             f"loss.aggregation=seq-mean-token-sum, not {aggregation}",
+             "set loss.aggregation=seq-mean-token-sum, or loss.length_normalize=false")
     kl = loss.get("kl_coef", 0.0)
     _require(kl >= 0, "loss.kl_coef", kl, "a KL penalty cannot be negative", "set 0 (no KL) or more")

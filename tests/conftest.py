@@ -18,7 +18,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 # A cheaper embedded recipe than the default job's, shared by every test in the session.
 FAST_TASK = ["task.max_operand=9", "task.num_test=20"]
-FAST_MODEL = ["model.embedded.sft_steps=120", "model.embedded.sft_lr=1e-2", "model.embedded.hidden_size=64", "model.embedded.intermediate_size=128",
+FAST_MODEL = ["model.embedded.sft_target=0", "model.embedded.sft_steps=120", "model.embedded.sft_lr=1e-2", "model.embedded.hidden_size=64", "model.embedded.intermediate_size=128",
               "model.embedded.num_layers=2"]
 
 

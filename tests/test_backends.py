@@ -177,6 +177,11 @@ def test_a_raising_reward_or_environment_and_nonfinite_rewards_are_zeroed_and_co
     (["loss.surrogate.clip_low=1.5"], "loss.surrogate.clip_low=1.5: the PPO ratio clip must be in (0, 1); fix: set "
                                       "0.2"),
     (["loss.kl_coef=-0.1"], "loss.kl_coef=-0.1: a KL penalty cannot be negative"),
+    (["loss.surrogate.clip_ratio_c=1.0"], "loss.surrogate.clip_ratio_c=1.0: dual-clip bounds a negative-advantage "
+     "token's loss at c |A|, which needs c > 1 (verl asserts it); fix: set 3.0 (verl's) or null"),
+    (["loss.length_normalize=true"], "loss.length_normalize=True: takes each row's mean over its tokens, which needs "
+     "the per-row sums of loss.aggregation=seq-mean-token-sum, not token-mean; fix: set "
+     "loss.aggregation=seq-mean-token-sum, or loss.length_normalize=false"),
 ])
 def test_impossible_settings_fail_in_one_line_naming_the_key_and_the_fix(overrides, message, make_cfg):
     with pytest.raises(ConfigError) as err:
@@ -185,7 +190,8 @@ def test_impossible_settings_fail_in_one_line_naming_the_key_and_the_fix(overrid
 
 
 def test_the_shipped_experiments_pass_the_checks(make_cfg):
-    for experiment in ["grpo_arith", "slca_toolcall", "tcpo_math", "dpa_form", "slca_tcpo_toolcall", "dapo_form"]:
+    for experiment in ["grpo_arith", "slca_toolcall", "tcpo_math", "dpa_form", "dpa_form_e68b47", "slca_tcpo_toolcall",
+                       "dapo_form"]:
         check_config(make_cfg(f"experiment={experiment}", fast_model=False, fast_task=False))
 
 

@@ -73,7 +73,7 @@ def test_cli_prepares_the_policy_before_it_builds_the_module(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     cold = tmp_path / "cold-cache"
     embedded = "--model.init_args.policy.init_args.embedded.init_args."
-    tiny = ["sft_steps=2", "hidden_size=32", "intermediate_size=64", "num_layers=1"]
+    tiny = ["sft_target=0", "sft_steps=2", "hidden_size=32", "intermediate_size=64", "num_layers=1"]
     built = cli(args=["--config", str(CLI_CONFIG), f"{embedded}cache_dir={cold}",
                       *[f"{embedded}{o}" for o in tiny]], run=False)
     source = built.model.source

@@ -186,7 +186,7 @@ SMALL = ["model.embedded.sft_lr=1e-2", "model.embedded.hidden_size=64", "model.e
          "trainer.max_steps=2", "trainer.val_check_interval=1", "callbacks.checkpoint.every_n_train_steps=1",
          "callbacks.hf_export.every_n_steps=1", "callbacks.credit_records.every_n_steps=1",
          "+trainer.enable_progress_bar=false"]
-ARITH = ["task.max_operand=9", "task.num_test=20", "model.embedded.sft_steps=120", "data.sampling.max_new_tokens=8"]
+ARITH = ["task.max_operand=9", "task.num_test=20", "model.embedded.sft_target=0", "model.embedded.sft_steps=120", "data.sampling.max_new_tokens=8"]
 TOOLS = ["model.embedded.sft_steps=2", "task.num_train=40", "task.num_test=8", "data.max_turns=2",
          "data.sampling.max_new_tokens=16"]
 JOBS = {

@@ -31,7 +31,8 @@ from lit_credit.types import RolloutBatch
 ROOT = CONF_DIR.parent
 STEPS, PROMPTS, N = 3, 4, 4
 # The first FAST_* lists of tests/conftest.py, so the cached embedded policy is the one the fixtures built.
-FAST = ["task.max_operand=9", "task.num_test=20", "model.embedded.sft_steps=120", "model.embedded.sft_lr=1e-2",
+FAST = ["task.max_operand=9", "task.num_test=20", "model.embedded.sft_target=0", "model.embedded.sft_steps=120",
+        "model.embedded.sft_lr=1e-2",
         "model.embedded.hidden_size=64", "model.embedded.intermediate_size=128", "model.embedded.num_layers=2"]
 RUN = ["callbacks=none", "~logger", "validate_first=false", f"trainer.max_steps={STEPS}",
        "+trainer.limit_val_batches=0", "+trainer.enable_checkpointing=false", "+trainer.enable_progress_bar=false",

@@ -22,15 +22,23 @@ class PolicyLoss:
       max response length), advantages without std normalisation (the credit estimator's job).
     - DAPO:    ``ClippedSurrogate(0.2, 0.28)``, ``aggregation="token-mean"``, ``kl_coef=0``.
     - GSPO:    ``GSPOSurrogate(3e-4, 4e-4)``, ``aggregation="seq-mean-token-mean"``.
+    - verl's PPO loss: ``ClippedSurrogate(0.2, clip_ratio_c=3.0)`` (dual-clip; off in every preset here).
 
     The KL term is differentiated through ``logp`` only (``ref_logp`` is a constant input). Masked tokens
     (``mask == 0``) enter neither the loss nor the gradient, whatever their values (even NaN / inf).
+
+    ``length_normalize`` (with ``aggregation="seq-mean-token-sum"`` only): each row's per-token loss is
+    divided by its number of learnable tokens ``|y_i| = #{t : m_{i,t} != 0}`` first, so
+    ``loss = (1/B) sum_i sum_t m_{i,t} (l^surr + kl_coef * kl)_{i,t} / |y_i|``: the mean per-token log-prob of
+    an action instead of its sum (the later official DPA-GRPO, commit e68b47). A float mask's weight stays a
+    weight (``seq-mean-token-mean`` would divide it out); an empty row is 0 and counts in B.
 
     Metrics (python floats, one device sync): ``loss/total`` (the returned loss), ``loss/policy``
     (the surrogate alone, same aggregation), ``loss/kl`` (token mean of the KL estimate over masked-in
     tokens; present whenever ``ref_logp`` is given, also with ``kl_coef = 0``), and the surrogate's
     ``loss/clip_frac``, ``loss/clip_frac_low``, ``loss/clip_frac_high``, ``loss/ratio_mean``,
-    ``loss/ratio_min``, ``loss/ratio_max``, ``loss/ppo_kl``.
+    ``loss/ratio_min``, ``loss/ratio_max``, ``loss/ppo_kl`` (and ``loss/clip_frac_dual`` with dual-clip,
+    ``clip_ratio_c``).
 
     Shape:
         logp: [B, T] log-probs of the sampled tokens under the policy being trained (requires grad).
@@ -42,7 +50,8 @@ class PolicyLoss:
 
     Raises:
         ValueError: unknown ``aggregation`` / ``kl_estimator``, ``kl_coef < 0``, ``norm_length <= 0``,
-            or (at call time) ``kl_coef > 0`` without ``ref_logp``, or mismatched shapes.
+            ``length_normalize`` with another aggregation than ``seq-mean-token-sum``, or (at call time)
+            ``kl_coef > 0`` without ``ref_logp``, or mismatched shapes.
     """
 
     def __init__(
@@ -52,6 +61,7 @@ class PolicyLoss:
         kl_coef: float = 0.0,
         kl_estimator: KLEstimator = "k3",
         norm_length: int | None = None,
+        length_normalize: bool = False,
     ) -> None:
         if aggregation not in AGGREGATION_MODES:
             raise ValueError(
@@ -65,16 +75,21 @@ class PolicyLoss:
             raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
         if norm_length is not None and norm_length <= 0:
             raise ValueError(f"norm_length must be a positive int or None, got {norm_length}")
+        if length_normalize and aggregation != "seq-mean-token-sum":
+            raise ValueError(f"length_normalize=True divides each row by its length, so it needs aggregation="
+                             f"'seq-mean-token-sum', got {aggregation!r}")
         self.surrogate = surrogate
         self.aggregation = aggregation
         self.kl_coef = float(kl_coef)
         self.kl_estimator = kl_estimator
         self.norm_length = norm_length
+        self.length_normalize = bool(length_normalize)
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(surrogate={self.surrogate!r}, aggregation={self.aggregation!r}, "
-            f"kl_coef={self.kl_coef}, kl_estimator={self.kl_estimator!r}, norm_length={self.norm_length})"
+            f"kl_coef={self.kl_coef}, kl_estimator={self.kl_estimator!r}, norm_length={self.norm_length}, "
+            f"length_normalize={self.length_normalize})"
         )
 
     def __call__(
@@ -105,6 +120,9 @@ class PolicyLoss:
             if self.kl_coef > 0:
                 total = per_token + self.kl_coef * kl
             stats["loss/kl"] = masked_mean(kl.detach(), valid)
+        if self.length_normalize:
+            lengths = (mask != 0).sum(-1, keepdim=True).clamp(min=1).to(per_token.dtype)  # |y_i|, 1 if empty
+            per_token, total = per_token / lengths, total / lengths
         loss = aggregate(total, mask, self.aggregation, norm_length=self.norm_length, denominator=denominator)
         stats["loss/total"] = loss.detach()
         stats["loss/policy"] = aggregate(

@@ -33,14 +33,28 @@ def _resolve_clip(clip_low: float, clip_high: float | None) -> tuple[float, floa
     return clip_low, clip_high
 
 
+def _resolve_dual_clip(clip_ratio_c: float | None) -> float | None:
+    if clip_ratio_c is None:
+        return None
+    if not float(clip_ratio_c) > 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 (verl's 3.0) or None (no dual-clip), got {clip_ratio_c}")
+    return float(clip_ratio_c)
+
+
 def _clipped_objective(
-    ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float
-) -> tuple[Tensor, Tensor]:
-    """``loss = -min(r A, clip(r, 1-clip_low, 1+clip_high) A)`` and where the clip binds."""
+    ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float, clip_ratio_c: float | None = None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``loss = -min(r A, clip(r, 1-clip_low, 1+clip_high) A)``, where the clip binds, and where the dual clip
+    ``loss = min(loss, -c A)`` on ``A < 0`` binds (``c = clip_ratio_c``; None when off)."""
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
     loss = -torch.minimum(unclipped, clipped)
-    return loss, (clipped < unclipped).detach()
+    dual = None
+    if clip_ratio_c is not None:
+        bound = -clip_ratio_c * adv
+        dual = ((adv < 0) & (loss > bound)).detach()
+        loss = torch.where(dual, bound, loss)  # a constant there: zero gradient
+    return loss, (clipped < unclipped).detach(), dual
 
 
 def _range_stats(values: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -53,12 +67,13 @@ def _range_stats(values: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]
     return mean, vmin, vmax
 
 
-def _clip_metrics(ratio: Tensor, clipped: Tensor, present: Tensor, log_ratio: Tensor, valid: Tensor
-                  ) -> dict[str, Tensor]:
+def _clip_metrics(ratio: Tensor, clipped: Tensor, present: Tensor, log_ratio: Tensor, valid: Tensor,
+                  dual: Tensor | None = None) -> dict[str, Tensor]:
     """Clip fractions and ratio range over the ``present`` entries (tokens or sequences), and the token
-    mean of ``-log_ratio`` (k1 estimate of ``KL(pi_old || pi)``)."""
+    mean of ``-log_ratio`` (k1 estimate of ``KL(pi_old || pi)``); ``clip_frac_dual`` where ``dual`` is
+    given."""
     ratio_mean, ratio_min, ratio_max = _range_stats(ratio, present)
-    return {
+    metrics = {
         "clip_frac": masked_mean(clipped.to(ratio.dtype), present),
         "clip_frac_low": masked_mean((clipped & (ratio < 1.0)).to(ratio.dtype), present),
         "clip_frac_high": masked_mean((clipped & (ratio > 1.0)).to(ratio.dtype), present),
@@ -67,6 +82,9 @@ def _clip_metrics(ratio: Tensor, clipped: Tensor, present: Tensor, log_ratio: Te
         "ratio_max": ratio_max,
         "ppo_kl": masked_mean(-log_ratio.detach(), valid),
     }
+    if dual is not None:
+        metrics["clip_frac_dual"] = masked_mean(dual.to(ratio.dtype), present)
+    return metrics
 
 
 class Surrogate(abc.ABC):
@@ -75,14 +93,18 @@ class Surrogate(abc.ABC):
     ``__call__(logp, old_logp, advantages, mask) -> (loss [B, T], metrics)`` where ``metrics`` maps short
     names (``clip_frac``, ``ratio_mean``, ...) to detached 0-dim tensors (``PolicyLoss`` turns them into
     floats with one device sync). ``loss`` is 0 wherever ``mask == 0``. ``clip_high=None`` means
-    symmetric clipping (``clip_high = clip_low``).
+    symmetric clipping (``clip_high = clip_low``). ``clip_ratio_c``: verl's dual-clip (None: off, the default;
+    verl's default 3.0), see :class:`ClippedSurrogate`.
     """
 
-    def __init__(self, clip_low: float = 0.2, clip_high: float | None = None) -> None:
+    def __init__(self, clip_low: float = 0.2, clip_high: float | None = None,
+                 clip_ratio_c: float | None = None) -> None:
         self.clip_low, self.clip_high = _resolve_clip(clip_low, clip_high)
+        self.clip_ratio_c = _resolve_dual_clip(clip_ratio_c)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(clip_low={self.clip_low}, clip_high={self.clip_high})"
+        dual = "" if self.clip_ratio_c is None else f", clip_ratio_c={self.clip_ratio_c}"
+        return f"{type(self).__name__}(clip_low={self.clip_low}, clip_high={self.clip_high}{dual})"
 
     @abc.abstractmethod
     def __call__(
@@ -102,10 +124,15 @@ class ClippedSurrogate(Surrogate):
     (strictly) smaller one: ``A > 0`` and ``r > 1 + clip_high``, or ``A < 0`` and ``r < 1 - clip_low``.
     Elsewhere ``d loss_t / d logp_t = -r_t A_t``.
 
+    Dual-clip (``clip_ratio_c = c > 1``; verl's ``compute_policy_loss``, Ye et al. 2020; off by default):
+    ``loss_t = min(loss_t, -c A_t)`` where ``A_t < 0``, so a negative-advantage token's loss is at most
+    ``c |A_t|``: it binds where ``r_t > c`` (given ``c >= 1 + clip_high``), and the gradient is 0 there.
+
     Metrics (detached 0-dim tensors, over tokens with ``mask != 0``): ``clip_frac`` (share of tokens
     where clipping binds as above), ``clip_frac_low`` / ``clip_frac_high`` (its two sides), ``ratio_mean``,
     ``ratio_min``, ``ratio_max`` (1.0 on an empty mask), ``ppo_kl`` (mean of ``old_logp - logp``, the
-    k1 estimate of ``KL(pi_old || pi)``).
+    k1 estimate of ``KL(pi_old || pi)``), and with dual-clip ``clip_frac_dual`` (share of tokens where it
+    binds; verl's ``pg_clipfrac_lower``).
 
     Shape:
         logp, old_logp: [B, T] log-probs of the sampled tokens under the current / behaviour policy.
@@ -122,9 +149,11 @@ class ClippedSurrogate(Surrogate):
         log_ratio = torch.where(valid, logp - old_logp, torch.zeros_like(logp))
         adv = torch.where(valid, advantages, torch.zeros_like(advantages))
         ratio = torch.exp(log_ratio)
-        loss, is_clipped = _clipped_objective(ratio, adv, self.clip_low, self.clip_high)
+        loss, is_clipped, dual = _clipped_objective(ratio, adv, self.clip_low, self.clip_high,
+                                                    self.clip_ratio_c)
         with torch.no_grad():
-            metrics = _clip_metrics(ratio.detach(), is_clipped & valid, valid, log_ratio, valid)
+            metrics = _clip_metrics(ratio.detach(), is_clipped & valid, valid, log_ratio, valid,
+                                    None if dual is None else dual & valid)
         return loss, metrics
 
 
@@ -147,12 +176,14 @@ class GSPOSurrogate(Surrogate):
     this is GSPO proper; token-varying credit (SLCA, TCPO) is weighted per token under the shared ratio.
     The clip is on the sequence ratio, set by ``clip_low`` / ``clip_high``; ``method=gspo`` uses the paper's
     very small ranges (3e-4 / 4e-4): a length-normalised ratio moves little, so 0.2 almost never binds on it.
+    ``clip_ratio_c`` (off by default) applies :class:`ClippedSurrogate`'s dual-clip to ``s_{i,t}`` (verl's
+    GSPO loss has none).
 
     Metrics (detached 0-dim tensors) are sequence level, over rows with at least one learnable token:
     ``clip_frac`` (share of sequences where clipping binds on any token, i.e. the sequence is clipped
     when its advantage is row-constant), ``clip_frac_low`` / ``clip_frac_high``, ``ratio_mean`` /
     ``ratio_min`` / ``ratio_max`` of ``s_i`` (1.0 when no row is present), ``ppo_kl`` (token mean of
-    ``old_logp - logp``).
+    ``old_logp - logp``), with dual-clip ``clip_frac_dual`` (share of sequences where it binds).
 
     Shape:
         logp, old_logp: [B, T] log-probs of the sampled tokens under the current / behaviour policy.
@@ -174,11 +205,14 @@ class GSPOSurrogate(Surrogate):
         seq_log_ratio = _safe_div((log_ratio * m).sum(-1), m.sum(-1))  # log s_i, [B]; 0 on empty rows
         tok_log_ratio = seq_log_ratio.detach().unsqueeze(-1) + (lp - lp.detach())  # value log s_i
         ratio = torch.exp(tok_log_ratio)
-        loss, is_clipped = _clipped_objective(ratio, adv, self.clip_low, self.clip_high)
+        loss, is_clipped, dual = _clipped_objective(ratio, adv, self.clip_low, self.clip_high,
+                                                    self.clip_ratio_c)
         with torch.no_grad():
             present = valid.any(-1)
             seq_clipped = (is_clipped & valid).any(-1)
-            metrics = _clip_metrics(torch.exp(seq_log_ratio.detach()), seq_clipped, present, log_ratio, valid)
+            seq_dual = None if dual is None else (dual & valid).any(-1)
+            metrics = _clip_metrics(torch.exp(seq_log_ratio.detach()), seq_clipped, present, log_ratio, valid,
+                                    seq_dual)
         return loss, metrics
 
 
@@ -196,7 +230,7 @@ class ReinforceSurrogate(Surrogate):
     """
 
     def __init__(self) -> None:
-        self.clip_low = self.clip_high = None
+        self.clip_low = self.clip_high = self.clip_ratio_c = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

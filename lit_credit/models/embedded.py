@@ -70,7 +70,7 @@ class EmbeddedPolicy(CachedPolicy):
     :class:`~lit_credit.tasks.Task` is). Recipe: a byte-level BPE tokenizer trained on the task corpus (digits
     split unless ``split_digits=False``), its chat template ending the tool list with the task's tool prompt, a
     Llama decoder (``hidden_size`` x ``num_layers``, tied embeddings), then supervised training on the task's gold
-    demonstrations: ``sft_steps`` of it (cosine decay), or, with ``sft_target`` set, at a constant learning rate
+    demonstrations: ``sft_steps`` of it (cosine decay), or, with ``sft_target`` above 0, at a constant learning rate
     until greedy decoding reproduces that fraction of :data:`CHECK_ROWS` training demonstrations (checked every
     ``sft_check_every`` steps, ``sft_steps`` the cap, failing by name when reached first). A step count is a point
     on the learning curve that moves with the CPU's floating point; the criterion lands every machine at the same
@@ -84,11 +84,11 @@ class EmbeddedPolicy(CachedPolicy):
     def __init__(self, task: Demonstrations, cache_dir: str = ".cache/lit-credit", vocab_size: int = 512,
                  hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4, intermediate_size: int = 384,
                  max_positions: int = 1024, sft_steps: int = 150, sft_batch_size: int = 32, sft_lr: float = 3e-3,
-                 sft_target: float | None = None, sft_check_every: int = 25, split_digits: bool = True,
+                 sft_target: float = 0.0, sft_check_every: int = 25, split_digits: bool = True,
                  seed: int = 0) -> None:
-        if sft_target is not None and not 0 < sft_target <= 1:
+        if not 0 <= sft_target <= 1:
             raise ValueError(f"model.embedded.sft_target={sft_target} must be in (0, 1], the fraction of training "
-                             "demonstrations greedy decoding reproduces; or null for a fixed sft_steps")
+                             "demonstrations greedy decoding reproduces, or 0 for exactly sft_steps")
         if sft_check_every < 1:
             raise ValueError(f"model.embedded.sft_check_every={sft_check_every} must be >= 1")
         self.task, self.cache_dir = task, cache_dir
@@ -96,7 +96,7 @@ class EmbeddedPolicy(CachedPolicy):
                        "num_layers": num_layers, "num_heads": num_heads, "intermediate_size": intermediate_size,
                        "max_positions": max_positions, "sft_steps": sft_steps, "sft_batch_size": sft_batch_size,
                        "sft_lr": sft_lr, "seed": seed}
-        if sft_target is not None:  # only then: the fixed-step recipes keep their cache directories
+        if sft_target:  # only then: the fixed-step recipes keep their cache directories
             self.recipe |= {"sft_target": sft_target, "sft_check_every": sft_check_every, "check_rows": CHECK_ROWS}
 
     @property
@@ -142,15 +142,14 @@ class EmbeddedPolicy(CachedPolicy):
                                              generator=torch.Generator().manual_seed(r["seed"]))
         callbacks: list[L.Callback] = [StepProgressBar("SFT warm start")]
         target = r.get("sft_target")
-        if target is not None:
+        if target:
             rows = [encode_demonstration(codec, d) for d in self.task.demonstrations(CHECK_ROWS, seed=r["seed"] + 2)]
             callbacks.append(stop := StopAtGreedyExact(collate(rows), target, r["sft_check_every"]))
         trainer = L.Trainer(max_steps=r["sft_steps"], accelerator="cpu", devices=1, logger=False,
                             enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
                             callbacks=callbacks)
-        total = None if target is not None else r["sft_steps"]
-        trainer.fit(SFTModule(model, lr=r["sft_lr"], total_steps=total), loader)
-        if target is None:
+        trainer.fit(SFTModule(model, lr=r["sft_lr"], total_steps=None if target else r["sft_steps"]), loader)
+        if not target:
             return {}
         if stop.reached is None:
             best = max(stop.checks, key=lambda c: c[1], default=(0, 0.0))

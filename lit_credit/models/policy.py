@@ -1,4 +1,5 @@
-"""Where the policy comes from: a local HF causal-LM directory, or the embedded default."""
+"""Where the policy comes from: a local HF causal-LM directory or a hub id (:mod:`~lit_credit.models.hub`), or the
+embedded default."""
 from __future__ import annotations
 
 import functools
@@ -10,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from lit_credit.models.embedded import CachedPolicy
+from lit_credit.models.hub import resolve_model_dir
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -64,12 +66,15 @@ def _checkpointed(cls: type) -> type:
 
 class PolicySource:
     """Loads ``(model, tokenizer)`` with ``from_pretrained`` from ``path``, or from the embedded policy's
-    cache when ``path`` is None. Never touches a model hub.
+    cache when ``path`` is None. ``path`` is resolved as transformers resolves a name
+    (:func:`~lit_credit.models.hub.resolve_model_dir`): a local directory first, else a Hugging Face Hub id,
+    downloaded once into the HF cache (only the cache with ``HF_HUB_OFFLINE=1``); the embedded policy never
+    touches a hub.
 
     Two steps, so that building a module never trains one: :meth:`prepare` makes what :meth:`load` reads
     (the embedded policy's tokenizer, model and SFT warm start, once per recipe, cached on disk; nothing for
-    a local ``path``) and returns the directory; :meth:`load` only loads, and refuses an embedded policy that
-    is not built yet. The entry points (``lit-credit``'s :func:`lit_credit.train.build`, ``lit-credit-cli``)
+    a local ``path``; a hub id's snapshot, downloaded when not cached) and returns the directory; :meth:`load`
+    only loads, and refuses an embedded policy that is not built yet. The entry points (``lit-credit``'s :func:`lit_credit.train.build`, ``lit-credit-cli``)
     prepare the source before they build the module; code that builds a module itself calls ``prepare()``
     first.
 
@@ -98,7 +103,8 @@ class PolicySource:
                  lora: Any = None, head_chunk_tokens: int | None = None, activation_checkpointing: bool = False) -> None:
         if path is None and embedded is None:
             raise ValueError("model.path is null and model.embedded is null: give a local HF model directory "
-                             "as model.path=/dir, or keep the default embedded policy")
+                             "(model.path=/dir) or a hub id (model.path=Qwen/Qwen2.5-0.5B-Instruct), or keep the "
+                             "default embedded policy")
         if dtype not in _DTYPES:
             raise ValueError(f"model.dtype={dtype!r}: the dtype of the weights that never train (a LoRA base, a "
                              f"frozen judge); use one of {sorted(_DTYPES)}")
@@ -108,11 +114,19 @@ class PolicySource:
         self.path, self.embedded, self.dtype, self.lora = path, embedded, dtype, lora
         self.head_chunk_tokens = head_chunk_tokens
         self.activation_checkpointing = bool(activation_checkpointing)
+        self._resolved: str | None = None  # model.path's directory, once resolved
 
     def prepare(self) -> str:
         """The directory :meth:`load` reads, built first if it is the embedded policy's and not cached yet
-        (:meth:`EmbeddedPolicy.build`: the SFT warm start, minutes on CPU the first time; a cache hit after)."""
-        return str(self.path) if self.path is not None else str(self.embedded.build())
+        (:meth:`EmbeddedPolicy.build`: the SFT warm start, minutes on CPU the first time; a cache hit after);
+        for ``path``, its directory (:meth:`directory`: a hub id's snapshot, downloaded when not cached)."""
+        return self.directory() if self.path is not None else str(self.embedded.build())
+
+    def directory(self) -> str:
+        """``path``'s local directory (:func:`~lit_credit.models.hub.resolve_model_dir`), resolved once."""
+        if getattr(self, "_resolved", None) is None:
+            self._resolved = resolve_model_dir(self.path, "model.path")
+        return self._resolved
 
     def load(self, trainable: bool = True, empty: bool = False) -> tuple[torch.nn.Module, Any]:
         """``(model, tokenizer)`` from the prepared directory; builds and trains nothing.
@@ -129,7 +143,7 @@ class PolicySource:
         if empty and self.lora is not None:
             raise ValueError("PolicySource.load(empty=True): a LoRA policy is loaded on every rank")
         if self.path is not None:
-            where = str(self.path)
+            where = self.directory()
         elif self.embedded.built:
             where = str(self.embedded.path)
         else:

@@ -14,12 +14,14 @@ from lit_credit.losses import (
     ClippedSurrogate,
     GSPOSurrogate,
     PolicyLoss,
+    ReinforceSurrogate,
     Surrogate,
     aggregate,
 )
 
 F64 = torch.float64
-SURROGATES = [ClippedSurrogate(0.2), ClippedSurrogate(0.2, 0.28), GSPOSurrogate(0.2)]
+SURROGATES = [ClippedSurrogate(0.2), ClippedSurrogate(0.2, 0.28), GSPOSurrogate(0.2),
+              ClippedSurrogate(0.2, 0.28, clip_ratio_c=3.0), GSPOSurrogate(0.2, clip_ratio_c=3.0)]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -84,6 +86,8 @@ def test_constructor_validation() -> None:
         PolicyLoss(ClippedSurrogate(), kl_coef=-1.0)
     with pytest.raises(ValueError):
         PolicyLoss(ClippedSurrogate(), norm_length=0)
+    with pytest.raises(ValueError, match=r"length_normalize=True .* needs aggregation='seq-mean-token-sum'"):
+        PolicyLoss(ReinforceSurrogate(), aggregation="seq-mean-token-mean", length_normalize=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -121,11 +125,14 @@ def batches(draw: st.DrawFn) -> dict:
         "surrogate": draw(st.sampled_from(SURROGATES)),
         "mode": draw(st.sampled_from(AGGREGATION_MODES)),
         "kl_estimator": draw(st.sampled_from(["k1", "k2", "k3"])),
+        "length_normalize": draw(st.booleans()),
     }
 
 
 def _run(batch: dict, logp: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, adv: torch.Tensor):
-    loss_fn = PolicyLoss(batch["surrogate"], batch["mode"], kl_coef=0.05, kl_estimator=batch["kl_estimator"])
+    normalize = batch["length_normalize"] and batch["mode"] == "seq-mean-token-sum"
+    loss_fn = PolicyLoss(batch["surrogate"], batch["mode"], kl_coef=0.05, kl_estimator=batch["kl_estimator"],
+                         length_normalize=normalize)
     leaf = logp.clone().requires_grad_(True)
     loss, metrics = loss_fn(leaf, old, adv, batch["mask"], ref_logp=ref)
     loss.backward()
@@ -175,6 +182,21 @@ def test_aggregate_of_policy_matches_manual() -> None:
         want = aggregate(per_token + 0.01 * kl, mask, mode)
         got, _ = PolicyLoss(surrogate, mode, kl_coef=0.01)(logp, old, adv, mask, ref)
         torch.testing.assert_close(got, want, msg=mode)
+
+
+def test_length_normalize_divides_each_row_by_its_length() -> None:
+    # Rows of 2, 1 and 0 learnable tokens, float mask weights 2 and 1 (the third row all masked), REINFORCE,
+    # no KL: per-token loss -A logp = [1, 2 | 0.5 | -], row means 1.5 and 0.5, weighted
+    # 2 * 1.5 + 1 * 0.5 = 3.5, over B = 3 rows -> 3.5 / 3 (seq-mean-token-mean would give (1.5 + 0.5) / 2: the
+    # weights divided out, the empty row not counted). Summed instead: (2 * 3 + 0.5) / 3 = 6.5 / 3.
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, 9.0], [4.0, 4.0]], dtype=F64)
+    adv = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]], dtype=F64)
+    mask = torch.tensor([[2.0, 2.0], [1.0, 0.0], [0.0, 0.0]], dtype=F64)
+    normalized = PolicyLoss(ReinforceSurrogate(), "seq-mean-token-sum", length_normalize=True)
+    loss, metrics = normalized(logp, logp, adv, mask)
+    assert loss.item() == pytest.approx(3.5 / 3) and metrics["loss/policy"] == pytest.approx(3.5 / 3)
+    summed = PolicyLoss(ReinforceSurrogate(), "seq-mean-token-sum")(logp, logp, adv, mask)[0]
+    assert summed.item() == pytest.approx(6.5 / 3)
 
 
 def test_hydra_instantiate() -> None:

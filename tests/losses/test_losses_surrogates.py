@@ -179,3 +179,101 @@ def test_constructor_validation(cls: type) -> None:
         cls(clip_low=0.2, clip_high=-0.1)
     with pytest.raises(ValueError):
         cls()(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 4))
+
+
+# verl's dual-clip, clip_ratio_c = c = 3 on top of PPO 0.2 / 0.2: where A < 0, loss = min(PPO loss, -c A),
+# i.e. a negative-advantage token's loss is at most 3 |A|; where that bound binds the gradient is 0.
+# columns: ratio r, advantage A, loss, gradient, dual clip binds?
+DUAL = [
+    (4.0, -1.0, 3.0, 0.0, True),  # PPO: -min(-4, -1.2) = 4 > 3 * 1 = 3 -> 3, gradient 0
+    (2.0, -1.0, 2.0, 2.0, False),  # PPO: 2 < 3 -> 2, gradient -r A = 2
+    (3.5, -0.5, 1.5, 0.0, True),  # PPO: -min(-1.75, -0.6) = 1.75 > 3 * 0.5 = 1.5 -> 1.5, gradient 0
+    (5.0, +1.0, -1.2, 0.0, False),  # A > 0: never dual-clipped; PPO's high clip: -min(5, 1.2) = -1.2
+    (0.5, -1.0, 0.8, 0.0, False),  # PPO's low clip: -min(-0.5, -0.8) = 0.8 < 3 -> 0.8, gradient 0
+    (1.0, -2.0, 2.0, 2.0, False),  # PPO: 2 < 3 * 2 = 6 -> 2, gradient -r A = 2
+]
+# DAPO's clip-higher 0.2 / 0.28 goes through the same code: the range is [0.8, 1.28], the bound the same.
+DUAL_CLIP_HIGHER = [
+    (3.2, -1.0, 3.0, 0.0, True),  # PPO: -min(-3.2, -1.28) = 3.2 > 3 -> 3, gradient 0
+    (2.9, -1.0, 2.9, 2.9, False),  # PPO: 2.9 < 3 -> 2.9, gradient -r A = 2.9
+    (1.3, +1.0, -1.28, 0.0, False),  # high clip at 1.28, no dual clip for A > 0
+]
+
+
+@pytest.mark.parametrize(
+    ("surrogate", "table"),
+    [
+        (ClippedSurrogate(0.2, clip_ratio_c=3.0), DUAL),
+        (ClippedSurrogate(0.2, 0.28, clip_ratio_c=3.0), DUAL_CLIP_HIGHER),
+    ],
+    ids=["symmetric", "clip-higher"],
+)
+def test_dual_clip_table(surrogate: ClippedSurrogate, table: list) -> None:
+    ratios, advs, losses, grads, dual = map(list, zip(*table, strict=True))
+    logp, old, adv = _tokens(ratios, advs)
+    loss, metrics = surrogate(logp, old, adv, torch.ones_like(adv))
+    torch.testing.assert_close(loss, torch.tensor([losses], dtype=F64))
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([grads], dtype=F64))
+    assert metrics["clip_frac_dual"].item() == pytest.approx(sum(dual) / len(table))
+
+
+def test_dual_clip_by_hand_through_the_policy_loss_and_off_is_the_plain_clip() -> None:
+    ratios, advs, *_ = map(list, zip(*DUAL, strict=True))
+    logp, old, adv = _tokens(ratios, advs)
+    mask = torch.ones_like(adv)
+    # token-mean over the 6 tokens: (3 + 2 + 1.5 - 1.2 + 0.8 + 2) / 6 = 8.1 / 6 = 1.35
+    loss, metrics = PolicyLoss(ClippedSurrogate(0.2, clip_ratio_c=3.0))(logp, old, adv, mask)
+    assert loss.item() == pytest.approx(1.35)
+    assert metrics["loss/clip_frac_dual"] == pytest.approx(2 / 6)  # tokens 0 and 2
+    assert metrics["loss/clip_frac"] == pytest.approx(2 / 6)  # PPO's own clip: tokens 3 (high) and 4 (low)
+    # off (null, the default): the PPO loss, (4 + 2 + 1.75 - 1.2 + 0.8 + 2) / 6 = 9.35 / 6, no dual metric
+    loss, metrics = PolicyLoss(ClippedSurrogate(0.2, clip_ratio_c=None))(logp, old, adv, mask)
+    assert loss.item() == pytest.approx(9.35 / 6)
+    assert "loss/clip_frac_dual" not in metrics
+
+
+def test_dual_clip_matches_verls_formula_and_off_is_the_previous_loss() -> None:
+    # verl's compute_policy_loss: l1 = -A r, l2 = -A clip(r), c1 = max(l1, l2), l3 = -A c,
+    # loss = where(A < 0, min(l3, c1), c1). Off, the loss is c1 (this project's loss before the option).
+    gen = torch.Generator().manual_seed(0)
+    logp = -torch.rand(6, 9, generator=gen, dtype=F64) * 3
+    old = logp + torch.randn(6, 9, generator=gen, dtype=F64)  # log-ratio spread 1: the bound binds at times
+    adv = torch.randn(6, 9, generator=gen, dtype=F64)
+    mask = torch.ones_like(adv)
+    ratio = torch.exp(logp - old)
+    c1 = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.28))
+    verl = torch.where(adv < 0, torch.minimum(-adv * 3.0, c1), c1)
+    off, off_metrics = ClippedSurrogate(0.2, 0.28)(logp, old, adv, mask)
+    on, on_metrics = ClippedSurrogate(0.2, 0.28, clip_ratio_c=3.0)(logp, old, adv, mask)
+    torch.testing.assert_close(off, c1)
+    torch.testing.assert_close(on, verl)
+    binds = (adv < 0) & (c1 > -adv * 3.0)
+    assert 0 < binds.sum() < binds.numel()
+    assert on_metrics["clip_frac_dual"].item() == pytest.approx(binds.double().mean().item())
+    assert set(on_metrics) - set(off_metrics) == {"clip_frac_dual"}
+    assert all(torch.equal(on_metrics[k], off_metrics[k]) for k in off_metrics)
+
+
+def test_gspo_dual_clip_bounds_the_sequence_ratio() -> None:
+    # Row 0: log-ratios [1.2, 1.2] -> s = e^1.2 = 3.32012 > 3, A = -1: PPO loss 3.32012 per token -> 3,
+    #        gradient 0.
+    # Row 1: log-ratios [0.3, 0.3] -> s = e^0.3 = 1.34986, A = -1: 1.34986 < 3, gradient s (-A) = 1.34986
+    #        per token.
+    logp = torch.tensor([[1.2, 1.2], [0.3, 0.3]], dtype=F64, requires_grad=True)
+    adv = torch.full((2, 2), -1.0, dtype=F64)
+    mask = torch.ones_like(adv)
+    loss, metrics = GSPOSurrogate(0.2, clip_ratio_c=3.0)(logp, torch.zeros_like(adv), adv, mask)
+    s1 = math.exp(0.3)
+    torch.testing.assert_close(loss, torch.tensor([[3.0, 3.0], [s1, s1]], dtype=F64))
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 0.0], [s1, s1]], dtype=F64))
+    assert metrics["clip_frac_dual"].item() == pytest.approx(1 / 2)  # sequence level
+
+
+@pytest.mark.parametrize("cls", [ClippedSurrogate, GSPOSurrogate])
+def test_dual_clip_needs_c_above_one(cls: type) -> None:
+    assert cls().clip_ratio_c is None and cls(clip_ratio_c=3).clip_ratio_c == 3.0
+    for bad in (1.0, 0.5, -3.0):
+        with pytest.raises(ValueError, match=r"clip_ratio_c must be > 1 \(verl's 3.0\) or None"):
+            cls(clip_ratio_c=bad)

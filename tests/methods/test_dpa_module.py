@@ -57,6 +57,36 @@ def test_dpa_loss_by_hand():
     assert torch.allclose(logp.grad, torch.tensor([[0, -0.5, -0.5, 0], [0, 0.5, 0, 0]]), atol=1e-6)
 
 
+def test_e68b47_recipe_is_its_length_normalised_loss_by_hand(make_cfg):
+    # experiment=dpa_form_e68b47: dpa_form with the later official commit e68b47's game keys and loss. e68b47's
+    # grpo_group_accumulate_gradients (length_normalize=True) for a pair of k = 2 actions with loss_scale s:
+    # (s / k) sum_i [ -A_i lp_i + beta (lp_i - ref_i) ], lp_i / ref_i the MEAN per-token log-probs of action i.
+    # Pair A = (+1, -1), s = 2 (a rarity weight, the row weight here), beta 0.04, k1 as in e68b47:
+    #   action 1: lp = (-1 - 2) / 2 = -1.5, ref = (-1.5 - 1.0) / 2 = -1.25: 1.5 + 0.04 (-0.25) = 1.49
+    #   action 2: lp = ref = -0.5: -(-1)(-0.5) + 0 = -0.5
+    #   loss = (2 / 2) (1.49 - 0.5) = 0.99      (summed log-probs, dpa_form: (2 / 2) (2.98 - 0.5) = 2.48)
+    # d loss / d logp_t = (s / k) (-A_i + beta) / n_i: (-1 + 0.04) / 2 = -0.48 on action 1's 2 tokens,
+    # (1 + 0.04) / 1 = 1.04 on action 2's token.
+    cfg = make_cfg("experiment=dpa_form_e68b47", *SMALL[1:], fast_task=False)
+    assert (cfg.game.shown_revision, cfg.game.revision_update, cfg.game.train_approver_without_revision) == (
+        "first", "group", False)
+    assert not make_cfg(*SMALL, fast_task=False).loss.length_normalize  # dpa_form sums, as commit 7da686
+    loss_fn = instantiate(cfg.loss, kl_estimator="k1")  # e68b47's KL; the recipe keeps dpa_form's k3
+    assert (loss_fn.length_normalize, loss_fn.aggregation, loss_fn.kl_coef) == (True, "seq-mean-token-sum", 0.04)
+    logp = torch.tensor([[0.0, -1.0, -2.0, 0.0], [0.0, -0.5, 0.0, 7.0]], requires_grad=True)
+    mask = torch.tensor([[0, 1, 1, 0], [0, 1, 0, 0]], dtype=torch.float) * 2.0  # weight 2
+    adv = torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, -1.0, -1.0, 0.0]])
+    ref = torch.tensor([[0.0, -1.5, -1.0, 0.0], [0.0, -0.5, 0.0, 0.0]])
+    loss, _ = loss_fn(logp, logp.detach(), adv, mask, ref)
+    assert loss.item() == pytest.approx(0.99, abs=1e-6)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[0, -0.48, -0.48, 0], [0, 1.04, 0, 0]]), atol=1e-6)
+    # The recipe's k3 has zero gradient at pi = pi_ref: (s / k) (-A_i) / n_i = -0.5 and +1.0 are left.
+    logp = logp.detach().clone().requires_grad_(True)
+    instantiate(cfg.loss)(logp, logp.detach(), adv, mask, logp.detach())[0].backward()
+    assert torch.allclose(logp.grad, torch.tensor([[0, -0.5, -0.5, 0], [0, 1.0, 0, 0]]), atol=1e-6)
+
+
 @pytest.fixture
 def base_dir(make_cfg):
     return instantiate(make_cfg().model).prepare()

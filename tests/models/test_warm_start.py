@@ -72,7 +72,7 @@ def test_an_unreached_sft_target_fails_by_name_with_its_best_check(tmp_path):
     assert not embedded.built and not list(Path(tmp_path).rglob("config.json"))  # nothing half-built left
 
 
-@pytest.mark.parametrize("bad, match", [({"sft_target": 0.0}, r"sft_target=0\.0 must be in \(0, 1\]"),
+@pytest.mark.parametrize("bad, match", [({"sft_target": -0.1}, r"sft_target=-0\.1 must be in \(0, 1\]"),
                                          ({"sft_target": 1.5}, r"sft_target=1\.5 must be in \(0, 1\]"),
                                          ({"sft_check_every": 0}, r"sft_check_every=0 must be >= 1")])
 def test_bad_warm_start_settings_are_refused_by_name(bad, match):
