@@ -53,7 +53,8 @@ def test_a_run_prints_its_steps_run_directory_and_metrics_and_no_dependency_nois
     assert f"run directory: {run_dir}" in printed and "final metrics: {" in printed
     assert "`Trainer.fit` stopped: `max_steps=2` reached." in printed  # Lightning's own lines about the run stay
     # The last line a newcomer reads: held-out reward at the start and at the end, greedy and sampled.
-    last = printed.strip().splitlines()[-1]
+    logged = done.stdout if "final metrics: {" in done.stdout else done.stderr  # the stream Hydra logs to
+    last = logged.strip().splitlines()[-1]
     assert re.search(r"held-out reward: greedy \d\.\d{3} -> \d\.\d{3}, sampled \d\.\d{3} -> \d\.\d{3}$", last), last
 
 

@@ -124,7 +124,7 @@ def cli_config(tmp_path: Path, module: str, credit: dict | None) -> Path:
     if credit is not None:
         model["init_args"]["credit"] = credit
     embedded = model["init_args"]["policy"]["init_args"]["embedded"]["init_args"]
-    embedded |= {"task": task, "sft_steps": 2, "hidden_size": 64, "intermediate_size": 128, "num_layers": 2}
+    embedded |= {"task": task, "sft_target": 0, "sft_steps": 2, "hidden_size": 64, "intermediate_size": 128, "num_layers": 2}
     config["data"] |= {"task": task, "prompts_per_step": 2, "val_prompts": 2, "val_samples": 0,
                        "reward": {"class_path": "lit_credit.rewards.HierRReward",
                                   "init_args": {"judge": {"class_path": "lit_credit.rewards.RubricJudge"}}}}

@@ -117,7 +117,8 @@ print(instantiate(cfg.model.embedded).build())
 """
 
 
-@pytest.mark.slow  # three builds of the make-run warm start, about a minute each
+@pytest.mark.slow  # three builds of the make-run warm start, 1-3 minutes each
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("env", [{"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2"},
                                  {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2"}],
                          ids=["1-thread", "2-threads", "avx2-kernels"])
