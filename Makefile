@@ -11,9 +11,13 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# BFCL's data and checker come from its wheel alone; its requirements (API clients, a numpy pin) are not needed.
+BFCL ?= bfcl-eval==2026.3.23
+
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e ".[agents]"
+	$(BIN)/pip install -q --no-deps $(BFCL)
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed

@@ -5,7 +5,7 @@
 
 Three families of synthetic rollout batches whose units have a known true quality ``q_u``, built with the
 project's own parts (toolcall rows and their tool environment, the HierR reward, the rollout layout of
-:class:`~lit_credit.rollout.Episode` / :func:`~lit_credit.rollout.to_batch`, TCPO's counterfactual augmenter,
+:class:`~lit_credit.rollout.Trajectory` / :func:`~lit_credit.rollout.to_batch`, TCPO's counterfactual augmenter,
 the DPA pair rewards); every registered credit estimator runs on them as in training. No model, no training.
 
 - ``tool`` (:func:`tool_probes` with ``causal=True``): tool-calling rollouts, a tool turn per gold step (gold,
@@ -81,7 +81,7 @@ from lit_credit.rewards import (
 from lit_credit.rewards.dpa import reviser_pair_rewards
 from lit_credit.rewards.hierr import CLOSE
 from lit_credit.rollout.augment import CounterfactualTurns
-from lit_credit.rollout.loop import Episode, to_batch
+from lit_credit.rollout.loop import Trajectory, to_batch
 from lit_credit.rollout.roles import action_batch
 from lit_credit.tasks.toolcall import ToolCallTask, tool_call_text
 from lit_credit.types import Completion, Feedback, RewardResult, RolloutBatch, SamplingParams
@@ -318,14 +318,14 @@ def summary_text(responses: Sequence[str], rating: int) -> str:
     return f"Here is what I found: {facts[: 40 * rating]}" if facts else "I could not get an answer from the tools."
 
 
-def tool_episode(row: dict[str, Any], spec: ToolSpec, index: int, env: Any) -> Episode:
+def tool_episode(row: dict[str, Any], spec: ToolSpec, index: int, env: Any) -> Trajectory:
     """Rollout ``index`` of ``spec``, laid out as :func:`~lit_credit.rollout.run_episodes` lays out a real one:
     prompt (mask 0), per gold step k the tool turn (mask 1, turn k; behaviour log-prob ``log P(kind)`` per token),
     the environment's answers (mask 0), then the summary (turn K, the last learnable run: SLCA's summary)."""
     gold = normalize_gold_calls(row["gold_tool_calls"])
     if len(spec.kinds) != len(gold):
         raise ValueError(f"row {row.get('id')!r} has {len(gold)} gold steps but the spec {len(spec.kinds)} kinds")
-    ep = Episode(row=row, group=spec.group, token_ids=[PROMPT + index] * tokens(row["question"] + row["tools"]))
+    ep = Trajectory(row=row, group=spec.group, token_ids=[PROMPT + index] * tokens(row["question"] + row["tools"]))
     for k, (step, kind) in enumerate(zip(gold, spec.kinds)):
         text = tool_turn_text(step, kind, row["allowed_tools"])
         n, logp = tokens(text), math.log(KIND_PROBS[KINDS.index(kind)])
@@ -562,7 +562,7 @@ class RevisionSampler:
         return [[Completion([REPLY + _history(p)[1]], [math.log(ACTION_PROBS[ACTIONS.index(a)])], a)
                  for a in self.rng.choices(ACTIONS, ACTION_PROBS, k=sampling.n)] for p in prompts]
 
-    def verify(self, row: dict[str, Any], turn: int, reply: str) -> Feedback:
+    def verify(self, row: dict[str, Any], turn: int, reply: str, prefix: Any = None, seed: int = 0) -> Feedback:
         score, enabled = row["before"][turn]
         after = revision_step(torch.tensor([score], dtype=torch.float64), torch.tensor([enabled]),
                               torch.tensor([ACTIONS.index(reply)]))[0].item()
@@ -597,7 +597,7 @@ def revision_probes(groups: int, seed: int, *, noises: Sequence[float] = NOISES,
         for i in range(n):
             row = {"id": f"revision:{i // group_size}",
                    "before": list(zip(before[i].tolist(), enabled[i].tolist()))}
-            ep = Episode(row=row, group=i // group_size, token_ids=[PROMPT + i] * 12)
+            ep = Trajectory(row=row, group=i // group_size, token_ids=[PROMPT + i] * 12)
             for t in range(k):
                 m = int(lengths[i, t])
                 ep.add_reply(Completion([REPLY + t] * m, [float(logp[i, t])] * m, ACTIONS[int(actions[i, t])]), t)

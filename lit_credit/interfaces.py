@@ -3,7 +3,10 @@
 Bottom to top, each is what one layer offers the next:
 
 - :class:`RolloutEngine` (rollout): token prompts in, sampled :class:`~lit_credit.types.Completion` s out;
-- :class:`Environment` (tasks): answers one assistant turn with :class:`~lit_credit.types.Feedback`;
+- :class:`Environment` and :class:`Episode` (tasks): each rollout is an episode of the environment, made from the
+  prompt row and a seed, that keeps its own state and answers each assistant turn with
+  :class:`~lit_credit.types.Feedback`; :class:`TurnEnvironment`: an environment whose answer depends on the row,
+  the turn and the reply alone;
 - :class:`ToolPrompt` (tasks): the text that offers a prompt's tools to the policy, which the chat codec and the
   embedded chat template write;
 - :class:`Demonstrations` (tasks): what the SFT warm start reads of a task (gold conversations, the tokenizer's
@@ -24,8 +27,9 @@ Concrete classes need not inherit from these Protocols (but :class:`CreditEstima
 """
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -74,14 +78,131 @@ class RolloutEngine(Protocol):
 
 
 @runtime_checkable
+class Episode(Protocol):
+    """One rollout's own world: made by :meth:`Environment.episode` from the prompt row and a seed, it keeps its
+    state between turns (a history, a board, a file system).
+
+    ``reset()``: the first observation as chat messages (the prompt the policy answers first); every episode of
+    one row starts the same, whatever its seed. ``step(reply)``: the policy's reply in, :class:`~lit_credit.types.Feedback`
+    out (the next observation as ``messages``, its text as :meth:`Feedback.observation_text
+    <lit_credit.types.Feedback.observation_text>`, a turn ``score``, ``done``; ``info["tool_responses"]`` for the
+    reward). ``state_key()``: the current state as a hashable value with a deterministic ``repr`` (str, int,
+    bytes, tuples of them): the environment's canonical state (a board), or its last observation text when it
+    has no other; equal keys mean the same state, so an estimator can group turns by state
+    (``RolloutBatch.state_keys``).
+
+    The state after replies ``r_0..r_k`` is a function of the row, the seed and the replies: a fresh episode of the
+    same row and seed, reset and stepped with the same replies, reaches it (:func:`resume`). Optional:
+    ``clone()`` (an independent copy of the episode in its current state) and ``skip(replies)`` (reach the state
+    after ``replies`` without stepping them, for an episode whose answers depend on the turn index alone).
+    """
+
+    def reset(self) -> list[dict[str, str]]: ...
+
+    def step(self, reply: str) -> Feedback: ...
+
+    def state_key(self) -> Hashable: ...
+
+
+@runtime_checkable
 class Environment(Protocol):
-    """Answers each assistant turn of an episode, up to ``max_turns`` turns: tool results, verifier feedback,
-    a per-turn score, or the end of the episode (``Feedback.done``). A task makes one
-    (:meth:`lit_credit.tasks.Task.environment`)."""
+    """Makes the episodes of a task (:meth:`lit_credit.tasks.Task.environment`), each up to ``max_turns``
+    assistant turns. ``episode(row, seed)``: a new :class:`Episode` of the prompt ``row`` (shared, never mutated:
+    the n rollouts of a prompt are n episodes of one row); the row fixes the start, the ``seed`` the episode's own
+    randomness (the rollout loop gives each rollout its own). Optional: ``step_many(episodes, replies)``, one call
+    that steps many episodes (an environment served remotely); without it the loop steps them one by one
+    (:func:`step_many`)."""
 
     max_turns: int
 
-    def step(self, row: dict[str, Any], turn: int, reply: str) -> Feedback: ...
+    def episode(self, row: dict[str, Any], seed: int) -> Episode: ...
+
+
+class TurnEpisode:
+    """The episode of a :class:`TurnEnvironment`: its state is the turn index and its last observation text
+    (the state key); ``step`` answers with ``env.step(row, turn, reply)``. ``skip(replies)`` moves to turn
+    ``len(replies)`` without asking the environment (its answers depend on the turn alone); the state key is then
+    unknown (``None``) until the next step."""
+
+    def __init__(self, env: TurnEnvironment, row: dict[str, Any], seed: int) -> None:
+        self.env, self.row, self.seed = env, row, seed
+        self.turn, self.observation = 0, None
+
+    def reset(self) -> list[dict[str, str]]:
+        messages = list(self.row["prompt"])
+        self.turn, self.observation = 0, "\n".join(str(m.get("content") or "") for m in messages)
+        return messages
+
+    def step(self, reply: str) -> Feedback:
+        feedback = self.env.step(self.row, self.turn, reply)
+        self.turn += 1
+        self.observation = feedback.observation_text()
+        return feedback
+
+    def state_key(self) -> Hashable:
+        return self.observation
+
+    def skip(self, replies: Sequence[str]) -> None:
+        self.turn, self.observation = len(replies), None
+
+    def clone(self) -> TurnEpisode:
+        return copy.copy(self)
+
+
+class TurnEnvironment:
+    """An environment whose answer to a reply depends on the row, the turn index and the reply alone
+    (``step(row, turn, reply) -> Feedback``): each episode is a :class:`TurnEpisode` over it. The shipped tasks'
+    environments (single turn, tools, revision against a verifier) are ones."""
+
+    max_turns: int = 1
+
+    def episode(self, row: dict[str, Any], seed: int) -> Episode:
+        return TurnEpisode(self, row, seed)
+
+    def step(self, row: dict[str, Any], turn: int, reply: str) -> Feedback:
+        raise NotImplementedError
+
+
+def open_episode(env: Environment | TurnEnvironment, row: dict[str, Any], seed: int) -> Episode:
+    """``env.episode(row, seed)``; an environment with only ``step(row, turn, reply)`` (the contract before
+    episodes) is played as a :class:`TurnEnvironment`."""
+    make = getattr(env, "episode", None)
+    return make(row, seed) if make is not None else TurnEpisode(env, row, seed)
+
+
+def step_many(env: Environment, episodes: Sequence[Episode], replies: Sequence[str]) -> list[Feedback]:
+    """Each episode stepped with its reply: ``env.step_many`` where the environment has it (one call), else one
+    ``step`` each, in order."""
+    batched = getattr(env, "step_many", None)
+    if batched is not None:
+        return list(batched(episodes, replies))
+    return [e.step(r) for e, r in zip(episodes, replies, strict=True)]
+
+
+def resume(env: Environment, row: dict[str, Any], seed: int, replies: Sequence[str]) -> Episode:
+    """The episode of ``row`` and ``seed`` in its state after ``replies``: a fresh episode reset and then skipped
+    (where it offers ``skip``) or stepped with each reply (a replay, always available)."""
+    episode = open_episode(env, row, seed)
+    episode.reset()
+    skip = getattr(episode, "skip", None)
+    if skip is not None:
+        skip(list(replies))
+    else:
+        for reply in replies:
+            episode.step(reply)
+    return episode
+
+
+def fork(episode: Episode, env: Environment | None = None, row: dict[str, Any] | None = None, seed: int = 0,
+         replies: Sequence[str] = ()) -> Episode:
+    """An independent copy of ``episode`` in its current state: its ``clone()`` where it has one, else
+    :func:`resume` of ``env``, ``row``, ``seed`` and the ``replies`` that led there."""
+    clone = getattr(episode, "clone", None)
+    if clone is not None:
+        return clone()
+    if env is None or row is None:
+        raise ValueError(f"{type(episode).__name__} has no clone(): fork it by replay, with env, row, seed and replies")
+    return resume(env, row, seed, replies)
 
 
 @runtime_checkable
@@ -164,8 +285,10 @@ class Sampler(Protocol):
     ``sample``: completions of token prompts (``sampling.n`` each; prompt ``i`` seeded ``seeds[i]``, or by the
     engine) through the engine's retries (a prompt whose every attempt failed gets ``n`` empty completions,
     finish reason ``"error"``, counted);
-    ``sample_messages``: the same from chat messages, with their prompt ids; ``verify``: the environment's
-    answer to an alternative reply (an environment that raises ends the episode, counted); ``turn_score``:
+    ``sample_messages``: the same from chat messages, with their prompt ids; ``verify(row, turn, reply, prefix,
+    seed)``: the environment's answer to an alternative reply at ``turn``, from the episode of ``row`` and
+    ``seed`` continued after the ``prefix`` replies (:func:`resume`; an environment that raises ends the episode,
+    counted); ``turn_score``:
     the reward's score of an alternative tool turn (a reward that raises scores 0, counted).
     """
 
@@ -177,7 +300,8 @@ class Sampler(Protocol):
     def sample_messages(self, messages: Sequence[Messages], sampling: SamplingParams
                         ) -> tuple[list[list[int]], list[list[Completion]]]: ...
 
-    def verify(self, row: dict[str, Any], turn: int, reply: str) -> Feedback: ...
+    def verify(self, row: dict[str, Any], turn: int, reply: str, prefix: Sequence[str] | None = None,
+               seed: int = 0) -> Feedback: ...
 
     def turn_score(self, row: dict[str, Any], turn: int, reply: str) -> float: ...
 
@@ -227,5 +351,6 @@ class MetricSet(Protocol):
     def __call__(self, batch: RolloutBatch, stage: str, context: Mapping[str, Any]) -> dict[str, float]: ...
 
 
-__all__ = ["Actor", "Augmenter", "CreditEstimator", "Demonstrations", "Environment", "Game", "Messages", "MetricSet",
-           "Reward", "RolloutEngine", "Sampler", "ToolPrompt"]
+__all__ = ["Actor", "Augmenter", "CreditEstimator", "Demonstrations", "Environment", "Episode", "Game", "Messages",
+           "MetricSet", "Reward", "RolloutEngine", "Sampler", "ToolPrompt", "TurnEnvironment", "TurnEpisode", "fork",
+           "open_episode", "resume", "step_many"]

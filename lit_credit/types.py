@@ -5,6 +5,8 @@ Shapes: ``B`` rollouts, ``T`` tokens (prompt + response, right-padded), ``K`` tu
 """
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Hashable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
@@ -93,6 +95,17 @@ class Feedback:
     score: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
+    def observation_text(self) -> str:
+        """The next observation as text: the messages' contents, one per line ("" when there are none)."""
+        return "\n".join(str(m.get("content") or "") for m in self.messages)
+
+
+def state_hash(key: Hashable) -> int:
+    """A state key (:meth:`Episode.state_key <lit_credit.interfaces.Episode>`) as an int in ``[0, 2**63)``, the
+    same in every process and run (BLAKE2b of its ``repr``; Python's ``hash`` of a str is salted per process)."""
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
 
 @dataclass
 class RolloutBatch:
@@ -118,7 +131,13 @@ class RolloutBatch:
         floats shared by every rollout; {} when the reward has none.
     turn_scores: [B, K] float per-turn verifier scores (0 where ``turn_mask`` is 0), or None.
     turn_mask: [B, K] bool, True where rollout i reached turn k, or None.
-    metadata: one dict per rollout (``id``, ``replies``, ``finish``, the task ``row``); never used for grouping.
+    state_keys: [B, K] long, the state each turn's reply was sampled in (:func:`state_hash` of the episode's
+        ``state_key()`` before that turn), -1 where rollout i did not reach turn k; or None (a batch not made by the
+        rollout loop). Turn k's tokens are those with ``turn_ids == k``.
+    observations: per rollout, per turn, the observation text the policy read before that turn's reply (turn 0:
+        the prompt's, then each :meth:`Feedback.observation_text`), aligned with ``state_keys``; [] when not kept.
+    metadata: one dict per rollout (``id``, ``replies``, ``finish``, the task ``row``, the episode's ``seed``);
+        never used for grouping.
     temperature: the sampling temperature T the batch was drawn at (1.0 for greedy); every log-prob of the
         batch (behaviour, old, reference, trainer) is of ``softmax(logits / T)``, the distribution that was
         sampled (top-p not renormalised, as in verl). A batch mixing temperatures cannot be represented.
@@ -137,6 +156,8 @@ class RolloutBatch:
     reward_weights: dict[str, float] = field(default_factory=dict)
     turn_scores: Tensor | None = None
     turn_mask: Tensor | None = None
+    state_keys: Tensor | None = None
+    observations: list[list[str]] = field(default_factory=list)
     metadata: list[dict[str, Any]] = field(default_factory=list)
     temperature: float = 1.0
 
@@ -186,7 +207,8 @@ class RolloutBatch:
             index = index.nonzero().squeeze(-1)
         picked = self._map(lambda t: t[index.to(t.device)])
         rows = index.tolist()
-        return replace(picked, metadata=[self.metadata[i] for i in rows] if self.metadata else [])
+        return replace(picked, metadata=[self.metadata[i] for i in rows] if self.metadata else [],
+                       observations=[self.observations[i] for i in rows] if self.observations else [])
 
 
 @dataclass
@@ -276,12 +298,13 @@ def cat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
 
     Every tensor field is right-padded to the largest size of each dimension after the first: ``[B, T]``
     fields to the longest row (``input_ids`` with ``pad_id``, ``turn_ids`` with -1, masks and log-probs with 0),
-    ``[B, K]`` per-turn fields to the most turns (0 / False). A reward part, turn part, extra or ``turn_scores``
-    that a batch lacks is 0 there. Lists (``metadata``) are concatenated; any other field (``temperature``) must agree.
+    ``[B, K]`` per-turn fields to the most turns (0 / False; ``state_keys`` -1). A reward part, turn part, extra or
+    ``turn_scores`` that a batch lacks is 0 there (``state_keys`` -1). Lists (``metadata``, ``observations``) are
+    concatenated (a batch without observations gives each rollout []); any other field (``temperature``) must agree.
     """
     if len(batches) == 1:
         return batches[0]
-    fills = {"input_ids": pad_id, "turn_ids": -1}
+    fills = {"input_ids": pad_id, "turn_ids": -1, "state_keys": -1}
 
     def stack(values: list[torch.Tensor | None], fill: float) -> torch.Tensor | None:
         like = next((v for v in values if v is not None), None)
@@ -311,6 +334,8 @@ def cat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         elif isinstance(values[0], dict):
             keys = dict.fromkeys(k for v in values for k in v)
             out[f.name] = {k: stack([v.get(k) for v in values], 0) for k in keys}
+        elif f.name == "observations" and any(values):  # a batch that kept none: an empty list per rollout
+            out[f.name] = [x for v, b in zip(values, batches, strict=True) for x in (v or [[] for _ in range(len(b))])]
         elif isinstance(values[0], list):
             out[f.name] = [x for v in values for x in v]
         elif isinstance(values[0], torch.Tensor) or values[0] is None:

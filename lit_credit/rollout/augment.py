@@ -30,8 +30,9 @@ class CounterfactualTurns:
     rollout, not on the process or batch it sits in, so a run's alternatives are the same on 1 or N processes
     (with an engine that honours seeds, as HFEngine does). Each alternative is scored by ``score``:
 
-    - ``verifier``: the environment's verifier at that turn (``sampler.verify(row, k, reply).score``, 0 when
-      it gives none); the scored turns are the reached turns of a batch with ``turn_scores``;
+    - ``verifier``: the environment's answer at that turn, from the rollout's episode continued after its
+      first k replies (``sampler.verify(row, k, reply, prefix, seed).score``, 0 when it gives none); the scored
+      turns are the reached turns of a batch with ``turn_scores``;
     - ``reward``: the reward's per-turn score (``sampler.turn_score``, HierR's process score of the reply
       against gold step k); the scored turns are ``turn_parts["tool_turn_mask"]`` (SLCA x TCPO's tool turns).
 
@@ -63,10 +64,14 @@ class CounterfactualTurns:
             return None if mask is None else mask.bool()
         return None if batch.turn_scores is None else batch.turn_mask.bool()
 
-    def score_alternative(self, sampler: Sampler, row: dict, turn: int, reply: str) -> float:
+    def score_alternative(self, sampler: Sampler, meta: dict, turn: int, reply: str) -> float:
+        """The score of ``reply`` as turn ``turn`` of the rollout of ``meta`` (its metadata): the reward's, or the
+        environment's from that rollout's episode continued after its first ``turn`` replies."""
+        row = meta["row"]
         if self.score == "reward":
             return sampler.turn_score(row, turn, reply)
-        return sampler.verify(row, turn, reply).score or 0.0
+        prefix = meta["replies"][:turn] if "replies" in meta else None  # a batch made by hand: the turn alone
+        return sampler.verify(row, turn, reply, prefix=prefix, seed=meta.get("seed", 0)).score or 0.0
 
     @torch.no_grad()
     def __call__(self, batch: RolloutBatch, sampler: Sampler) -> dict[str, float]:
@@ -87,9 +92,9 @@ class CounterfactualTurns:
         r, k = rollout.cpu(), turn.cpu()
         seeds = seeds_of(self.seed, SAMPLE_STREAM, group[r, 0], member[r, 0], k)
         alternatives = sampler.sample(prefixes, replace(sampler.sampling, n=self.samples), seeds)
-        rows = [batch.metadata[i]["row"] for i in rollout.tolist()]
-        scores = [[self.score_alternative(sampler, row, k, c.text) for c in alts]
-                  for row, k, alts in zip(rows, turn.tolist(), alternatives)]
+        metas = [batch.metadata[i] for i in rollout.tolist()]
+        scores = [[self.score_alternative(sampler, meta, k, c.text) for c in alts]
+                  for meta, k, alts in zip(metas, turn.tolist(), alternatives)]
         alt = torch.full((*mask.shape, self.samples), float("nan"), device=mask.device)
         if scores:
             alt[rollout, turn] = torch.tensor(scores, dtype=alt.dtype, device=alt.device)

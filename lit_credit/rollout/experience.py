@@ -16,9 +16,17 @@ import torch
 from lit_credit.backends import CountsSince, NotRetried, Retry, count
 from lit_credit.checkpoint import capture_rng, restore_rng
 from lit_credit.distributed import share, world
-from lit_credit.interfaces import Environment, Messages, Reward, RolloutEngine, ToolPrompt
+from lit_credit.interfaces import (
+    Environment,
+    Messages,
+    Reward,
+    RolloutEngine,
+    ToolPrompt,
+    open_episode,
+    resume,
+)
 from lit_credit.models.chat import ChatCodec
-from lit_credit.rollout.loop import Episode, env_step, generate, run_episodes, to_batch
+from lit_credit.rollout.loop import Trajectory, episode_step, generate, run_episodes, to_batch
 from lit_credit.rollout.seeds import mix_seed
 from lit_credit.types import Completion, Feedback, RewardResult, RolloutBatch, SamplingParams
 
@@ -264,7 +272,7 @@ class Experience:
         self.last_generation_s = time.perf_counter() - start
         return batch
     # -------------------------------------------------------------------------------- scoring
-    def score(self, episode: Episode) -> RewardResult:
+    def score(self, episode: Trajectory) -> RewardResult:
         """The reward of one episode; a reward that raises scores 0 (``backend/reward/errors``). A reward that
         returns anything but a :class:`~lit_credit.types.RewardResult` is a ``TypeError`` (a wrong reward, not odd
         input)."""
@@ -282,10 +290,26 @@ class Experience:
                             "(the reward= config group)")
         return result
 
-    def verify(self, row: dict[str, Any], turn: int, reply: str) -> Feedback:
-        """The environment's answer to ``reply`` at ``turn``; one that raises ends the episode (counted in
-        ``backend/environment/errors``)."""
-        return env_step(self.env, row, turn, reply)
+    def verify(self, row: dict[str, Any], turn: int, reply: str, prefix: Sequence[str] | None = None,
+               seed: int = 0) -> Feedback:
+        """The environment's answer to ``reply`` at ``turn``: the episode of ``row`` and ``seed`` continued after the
+        ``prefix`` replies (``turn`` of them; :func:`~lit_credit.interfaces.resume`: skipped where the episode allows,
+        else replayed), then stepped with ``reply``. Without ``prefix`` the episode must skip (its answers depend on
+        the turn alone, a :class:`~lit_credit.interfaces.TurnEpisode`). An environment that raises ends the episode
+        (counted in ``backend/environment/errors``)."""
+        if prefix is not None and len(prefix) != turn:
+            raise ValueError(f"verify: turn {turn} after a prefix of {len(prefix)} replies")
+        if prefix is None and turn > 0 and not callable(getattr(open_episode(self.env, row, seed), "skip", None)):
+            raise ValueError(f"verify at turn {turn} without its prefix: {type(self.env).__name__}'s episodes keep "
+                             "state between turns; pass the replies before the turn (prefix=)")
+        try:
+            episode = resume(self.env, row, seed, [""] * turn if prefix is None else prefix)
+        except NotRetried:
+            raise
+        except Exception:  # an environment bug on odd input must not end the run
+            count("backend/environment/errors")
+            return Feedback(done=True)
+        return episode_step(episode, reply)
 
     def turn_score(self, row: dict[str, Any], turn: int, reply: str) -> float:
         """The reward's score of ``reply`` as tool turn ``turn`` (``reward.turn_score``, e.g. HierR's); a reward

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lit_credit.models.chat import ChatCodec
-from lit_credit.rollout.loop import Episode, to_batch
+from lit_credit.rollout.loop import Trajectory, to_batch
 from lit_credit.types import Action, Completion, RewardResult, RoleActions, RolloutBatch
 
 
@@ -22,7 +22,7 @@ def action_batch(prompts: Sequence[list[int]], actions: Sequence[list[int]], gro
     behaviour log-probs are ``logprobs`` (None: 0)."""
     episodes = []
     for i, (prompt, action, group) in enumerate(zip(prompts, actions, groups)):
-        ep = Episode(row={}, group=group, token_ids=list(prompt))
+        ep = Trajectory(row={}, group=group, token_ids=list(prompt))
         ep.add_reply(Completion(list(action), list(logprobs[i]) if logprobs else [0.0] * len(action), ""), 0)
         episodes.append(ep)
     return to_batch(episodes, [RewardResult(r) for r in rewards], pad_id, temperature=temperature)

@@ -1,8 +1,9 @@
 from lit_credit.tasks.arith import ArithTask
-from lit_credit.tasks.base import Environment, Feedback, Task
+from lit_credit.tasks.base import Environment, Episode, Feedback, Task, TurnEnvironment
 from lit_credit.tasks.code_revise import CodeReviseTask
 from lit_credit.tasks.form import FormTask
 from lit_credit.tasks.math_revise import MathReviseTask
+from lit_credit.tasks.reasoning_gym import ReasoningGymTask as ReasoningGymTask
 from lit_credit.tasks.revise import RevisionEnvironment, Verdict
 from lit_credit.tasks.toolcall import (
     LLMToolSimulator,
@@ -16,6 +17,7 @@ __all__ = [
     "ArithTask",
     "CodeReviseTask",
     "Environment",
+    "Episode",
     "Feedback",
     "FormTask",
     "LLMToolSimulator",
@@ -25,6 +27,7 @@ __all__ = [
     "ToolCallTask",
     "ToolEnvironment",
     "ToolSimulator",
+    "TurnEnvironment",
     "Verdict",
     "load_toucan_parquet",
 ]

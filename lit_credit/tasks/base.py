@@ -1,4 +1,4 @@
-"""What a task is: prompts (an HF dataset), an environment that answers the policy, and gold demos."""
+"""What a task is: prompts (an HF dataset), an environment whose episodes answer the policy, and gold demos."""
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Hashable, Iterable
@@ -6,14 +6,17 @@ from typing import Any
 
 import datasets
 
-from lit_credit.interfaces import Environment, ToolPrompt
+from lit_credit.interfaces import Environment, Episode, ToolPrompt, TurnEnvironment, TurnEpisode
 from lit_credit.tasks.tool_catalog import TOOL_PROMPT
 from lit_credit.types import Feedback
+
+__all__ = ["DEFAULT_FIX", "Environment", "Episode", "Feedback", "SingleTurnEnvironment", "Task", "TurnEnvironment",
+           "TurnEpisode", "disjoint_train", "heldout_split"]
 
 DEFAULT_FIX = "raise task.max_operand or lower task.num_train / task.num_test"
 
 
-class SingleTurnEnvironment(Environment):
+class SingleTurnEnvironment(TurnEnvironment):
     """The default environment: the first reply ends the episode."""
 
     max_turns: int = 1
@@ -23,7 +26,8 @@ class SingleTurnEnvironment(Environment):
 
 
 class Task:
-    """A source of prompts and the environment that plays against the policy.
+    """A source of prompts and the environment that plays against the policy (each rollout one of its episodes:
+    :class:`~lit_credit.interfaces.Environment`).
 
     Rows of ``dataset(split)`` hold at least ``prompt`` (a list of chat messages); ``tools`` (a list of
     JSON schemas) is optional. ``demonstrations`` yields whole gold conversations for the SFT warm start (a task

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lit_credit.backends import NotRetried
-from lit_credit.tasks.base import Environment, Feedback
+from lit_credit.tasks.base import Feedback, TurnEnvironment
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def check_stop_on_success(value: object) -> bool:
     return value
 
 
-class RevisionEnvironment(Environment):
+class RevisionEnvironment(TurnEnvironment):
     """Scores every turn with ``verifier(row, reply)``; the episode ends after ``max_turns`` turns, and also
     at the first ``score >= success`` when ``stop_on_success``. Otherwise the verdict's feedback (on a success:
     the verifier's neutral success message) is injected as a user message.

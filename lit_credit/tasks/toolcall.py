@@ -31,7 +31,7 @@ import datasets
 
 from lit_credit.backends import BackendFailure, NotRetried, Retry
 from lit_credit.rewards.hierr import CLOSE, OPEN, ToolCallBlock, normalize_gold_calls, parse_tool_calls
-from lit_credit.tasks.base import Environment, Feedback, Task, disjoint_train, heldout_split
+from lit_credit.tasks.base import Feedback, Task, TurnEnvironment, disjoint_train, heldout_split
 from lit_credit.tasks.tool_catalog import (
     CATALOG_VERSION,
     HANDLERS,
@@ -286,7 +286,7 @@ def allowed_tools_of(row: Mapping[str, Any]) -> list[str] | None:
     return names or None
 
 
-class ToolEnvironment(Environment):
+class ToolEnvironment(TurnEnvironment):
     """Plays the tools against the policy, one assistant turn at a time, as the official environment does.
 
     ``step(row, turn, reply)``: with ``<think>`` stripped, a reply with no ``<tool_call>``/``</tool_call>``

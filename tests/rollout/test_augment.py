@@ -33,7 +33,7 @@ class ScriptedSampler:
     def sample_messages(self, messages, sampling):  # not used by the augmenter
         raise AssertionError("CounterfactualTurns samples from token prefixes")
 
-    def verify(self, row, turn, reply):
+    def verify(self, row, turn, reply, prefix=None, seed=0):
         self.verified.append((row["id"], turn, reply))
         return Feedback(done=True, score={"alt0": 1.0, "alt1": None, "alt2": 0.25}[reply])
 

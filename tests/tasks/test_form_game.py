@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from lit_credit.interfaces import Game
 from lit_credit.rewards import CASES, DPASettings, FormLineReward
-from lit_credit.rollout.loop import Episode, to_batch
+from lit_credit.rollout.loop import Trajectory, to_batch
 from lit_credit.tasks.form import INSTRUCTIONS, action_text
 from lit_credit.tasks.form_game import ROLE_ADAPTERS, FormGame, FormGameRecord, decision_action
 from lit_credit.train import CONF_DIR
@@ -40,7 +40,7 @@ def proposals(xs=None):
     reward = FormLineReward()
     episodes = []
     for i, (row, x) in enumerate(zip(rows, xs)):
-        ep = Episode(row=row, group=i // 2, token_ids=[7, 7])
+        ep = Trajectory(row=row, group=i // 2, token_ids=[7, 7])
         ep.add_reply(Completion([9], [0.0], x), 0)
         episodes.append(ep)
     return to_batch(episodes, [reward(row, [x]) for row, x in zip(rows, xs)], pad_id=0)
