@@ -87,7 +87,7 @@ def test_config_composes_and_instantiates(path, make_cfg, tmp_path):
         cfg = make_cfg(f"{group}={name}", *FORM_SMALL, fast_task=False)
     else:  # FAST_TASK's keys are arith's and math_revise's; other tasks are small already
         lora = ["model/lora=r8"] if name == "dpa_grpo" else []  # DPA-GRPO trains LoRA adapters
-        cfg = make_cfg(f"{group}={name}", *lora, fast_task=name not in ("code_revise", "reasoning_gym", "bfcl"))
+        cfg = make_cfg(f"{group}={name}", *lora, fast_task=name not in ("code_revise", "reasoning_gym", "bfcl", "textarena"))
     if group in ("experiment", "debug", "method"):
         module, datamodule, _trainer = build(cfg)
         assert isinstance(module.credit, CreditEstimator)

@@ -1,6 +1,7 @@
 """Rewards: one finished episode in, a :class:`~lit_credit.types.RewardResult` out (the :class:`Reward`
 protocol of :mod:`lit_credit.interfaces`), and the parsers of what a reply says."""
 from lit_credit.interfaces import Reward
+from lit_credit.rewards.bfcl import BFCLMultiTurnReward, bfcl_reward
 from lit_credit.rewards.dpa import (
     APPROVER_ACTIONS,
     CASES,
@@ -29,9 +30,9 @@ from lit_credit.rewards.hierr import (
 from lit_credit.rewards.judges import JudgeResult, LLMJudge, RubricJudge, SummaryJudge, parse_rating
 from lit_credit.rewards.turns import FinalTurnReward
 
-__all__ = ["APPROVER_ACTIONS", "CASES", "VERIFIER_ACTIONS", "DPASettings", "ExactMatchReward", "FinalTurnReward", "FormLineReward",
+__all__ = ["APPROVER_ACTIONS", "CASES", "VERIFIER_ACTIONS", "BFCLMultiTurnReward", "DPASettings", "ExactMatchReward", "FinalTurnReward", "FormLineReward",
            "HierRReward",
-           "JudgeResult", "LLMJudge", "Reward", "RubricJudge", "SummaryJudge", "approver_pair_rewards",
+           "JudgeResult", "LLMJudge", "Reward", "RubricJudge", "SummaryJudge", "approver_pair_rewards", "bfcl_reward",
            "case_labels", "case_shares", "final_reply", "informative_groups", "line_correct", "normalize_gold_calls",
            "parse_final_integer", "parse_rating", "parse_tool_calls", "rarity_weights", "revise_bonus",
            "revise_share", "revision_rewards", "strict_correct_ratio", "tool_process_score", "verifier_pair_rewards"]

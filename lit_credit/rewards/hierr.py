@@ -24,6 +24,10 @@ Parsing, gold reading, value comparison and the omission rule are the official r
   excellent; :func:`~lit_credit.rewards.judges.parse_rating` reads both).
 - a value ``float()`` cannot hold is "not equal" (officially a crash); a gold that mixes the nested and
   flat forms raises (officially the odd parts are dropped).
+
+On a BFCL row (one with a ``possible_answer``, ``task=bfcl``) the arguments follow BFCL's AST rules
+(:mod:`~lit_credit.rewards.bfcl_checker`, a port of the ``bfcl-eval`` wheel's checker): ``key``, ``value``,
+``toolpo_correct_ratio`` and a ``bfcl_valid`` part (:meth:`HierRReward.bfcl_parts`).
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lit_credit.rewards import bfcl_checker
 from lit_credit.rewards.judges import RubricJudge, SummaryJudge
 from lit_credit.types import RewardResult
 
@@ -479,6 +484,47 @@ def tool_turn_scores(tool_turns: Sequence[str], gold_calls: Any, allowed_tools: 
     return out
 
 
+# ------------------------------------------------------------------------------------------------ BFCL's rules
+def decode_calls(calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Parsed ``{"name", "arguments"}`` calls as BFCL's model output ``[{name: {param: value}}]``."""
+    return [{c["name"]: dict(c["arguments"])} for c in calls]
+
+
+def bfcl_verdict(row: Mapping[str, Any], text: str) -> dict[str, Any]:
+    """BFCL's verdict on the calls of ``text`` (the rollout's replies joined) for a BFCL single-turn ``row``
+    (``subset``: its category; ``bfcl_functions`` and ``possible_answer``: JSON strings).
+
+    The calls are those of every ``<tool_call>`` block (:func:`parse_tool_calls`, ``<think>`` stripped). An AST
+    category's answer is decoded only when every block parses and every tag is matched (else
+    ``ast_decoder:decoder_failed``, as a reply BFCL cannot decode), then checked by
+    :func:`~lit_credit.rewards.bfcl_checker.safe_ast_checker`. An irrelevance category is right when no valid
+    call was made (BFCL: the reply does not decode to a call; broken call text decodes to none)."""
+    parsed = parse_tool_calls(strip_think(text))  # any name: a call to no listed function is still a call
+    category = str(row.get("subset", ""))
+    calls = decode_calls(parsed.calls)
+    if "irrelevance" in category:
+        ok = not calls
+        return {"valid": ok, "error_type": "" if ok else "irrelevance_error:decoder_success", "calls": calls}
+    if not parsed.blocks or parsed.n_valid < len(parsed.blocks) or max(parsed.n_open, parsed.n_close) > len(parsed.blocks):
+        return {"valid": False, "error_type": "ast_decoder:decoder_failed", "calls": calls}
+    result = bfcl_checker.safe_ast_checker(json.loads(row["bfcl_functions"]), calls,
+                                           json.loads(row["possible_answer"]), category)
+    return {"valid": bool(result["valid"]), "error_type": result.get("error_type", "") if not result["valid"] else "",
+            "calls": calls}
+
+
+def is_bfcl_row(row: Mapping[str, Any]) -> bool:
+    """Whether ``row`` is a BFCL single-turn row (it carries a ``possible_answer``, ``task=bfcl``)."""
+    return row.get("possible_answer") is not None
+
+
+def _refuse_multi_turn(row: Mapping[str, Any]) -> None:
+    if row.get("bfcl_ground_truth") is not None:
+        raise ValueError(f"row {row.get('id')!r} is a BFCL multi-turn row: reward=hierr scores tool calls against "
+                         "gold calls and cannot score it; use reward=bfcl (task=bfcl's default), which scores "
+                         "each user turn by BFCL's state and response checks")
+
+
 # ------------------------------------------------------------------------------------------------ reward
 def final_reply(text: str) -> str:
     """The reply the summary judge sees: ``<think>`` stripped, then the text after the last
@@ -584,6 +630,13 @@ class HierRReward:
     :func:`tool_turn_scores`), ``tool_turn_mask`` (1 per tool turn) and ``tool_exact``. :meth:`turn_score`
     scores one alternative turn the same way; :attr:`part_weights` are ``w_process`` and ``w_summary``.
 
+    BFCL rows (a ``possible_answer``, ``task=bfcl``): argument values are judged by BFCL's AST rules instead of
+    loose equality (:meth:`bfcl_parts`): ``key``, ``value`` (so ``process`` and ``score``) and
+    ``toolpo_correct_ratio`` follow BFCL's checker, a new part ``bfcl_valid`` is BFCL's verdict on the whole answer
+    (the leaderboard's accuracy), and the first tool turn's ``tool_scores`` / ``tool_exact`` use the same rules.
+    Names, format, parallel, summary, omission and zeroing stay HierR's. Every other row is scored as above. A
+    BFCL multi-turn row (``bfcl_ground_truth``) is a ``ValueError`` naming ``reward=bfcl``.
+
     ``replies`` given as one str (not a list) is a caller error, a ``ValueError``; it would otherwise be read
     as one reply per character.
     """
@@ -606,6 +659,7 @@ class HierRReward:
         if isinstance(replies, str):
             raise ValueError("replies must be a list of reply strings, one per assistant turn, got one str; "
                              "fix: pass [text]")
+        _refuse_multi_turn(row)
         replies = [strip_think(r) if isinstance(r, str) else "" for r in replies or []]
         text = "\n".join(replies)
         gold = normalize_gold_calls(_field(row, "gold_tool_calls"))
@@ -628,7 +682,7 @@ class HierRReward:
         turns = tool_turn_scores(replies[:-1], gold, allowed, self.weights, self.needless_calls)
         if missing:
             turns = [dict.fromkeys(t, 0.0) for t in turns]
-        return RewardResult(
+        result = RewardResult(
             score,
             parts={**parts, "summary": summary, "should_call_but_no_call": float(omitted),
                    "judge_failed": float(failed), "toolpo_correct_ratio": correct_ratio, "solved": solved,
@@ -637,6 +691,50 @@ class HierRReward:
                    "valid_call": float(parsed.n_valid > 0), "gold_steps": float(len(gold))},
             turns={"tool_scores": [t["process"] for t in turns], "tool_turn_mask": [1.0] * len(turns),
                    "tool_exact": [t["exact"] for t in turns]})
+        return self.bfcl_parts(row, replies, result) if is_bfcl_row(row) else result
+
+    def bfcl_parts(self, row: Mapping[str, Any], replies: Sequence[str], result: RewardResult) -> RewardResult:
+        """HierR's ``result`` for a BFCL row with BFCL's argument rules (``replies``: think-stripped).
+
+        - ``bfcl_valid`` (new part): BFCL's verdict on the whole answer (:func:`bfcl_verdict`);
+        - unless the row's possible answer is empty (irrelevance), the reply omits the call, or the row has no
+          allowed tools (HierR's parts hold there): ``key`` and ``value``
+          (:func:`~lit_credit.rewards.bfcl_checker.key_value_scores`: each argument accepted as BFCL accepts it,
+          any of its possible values, strings standardised, an optional argument left out; a call BFCL accepts
+          scores 1 and 1), so ``process`` and ``score``; ``toolpo_correct_ratio``
+          (:func:`~lit_credit.rewards.bfcl_checker.correct_call_ratio`: a possible-answer call counts when a
+          distinct predicted call passes BFCL's per-call check); the first tool turn's ``tool_scores`` and
+          ``tool_exact`` (:meth:`bfcl_turn_parts`)."""
+        parts = dict(result.parts)
+        parts["bfcl_valid"] = float(bfcl_verdict(row, "\n".join(replies))["valid"])
+        answer = json.loads(row["possible_answer"])
+        turns = {k: list(v) for k, v in result.turns.items()}
+        if not answer or parts["should_call_but_no_call"] or not _allowed_set(_field(row, "allowed_tools")):
+            return RewardResult(result.score, parts=parts, turns=turns, extras=result.extras)
+        functions = json.loads(row["bfcl_functions"])
+        calls = decode_calls(parse_tool_calls("\n".join(replies), _field(row, "allowed_tools")).calls)
+        parts["key"], parts["value"] = bfcl_checker.key_value_scores(functions, calls, answer)
+        parts["process"] = sum(self.weights[k] * parts[k] for k in self.weights)
+        parts["toolpo_correct_ratio"] = bfcl_checker.correct_call_ratio(functions, calls, answer)
+        score = self.w_process * parts["process"] + self.w_summary * parts["summary"]
+        if turns.get("tool_scores"):
+            first = self.bfcl_turn_parts(row, replies[0])
+            turns["tool_scores"][0], turns["tool_exact"][0] = first["process"], first["exact"]
+        return RewardResult(score, parts=parts, turns=turns, extras=result.extras)
+
+    def bfcl_turn_parts(self, row: Mapping[str, Any], text: str) -> dict[str, float]:
+        """The first tool turn's process score on a BFCL row with BFCL's argument rules, and ``exact`` = BFCL's
+        verdict on it (``text`` think-stripped)."""
+        answer = json.loads(row["possible_answer"])
+        allowed = _field(row, "allowed_tools")
+        parts = tool_process_score(text, normalize_gold_calls(_field(row, "gold_tool_calls")), allowed, self.weights,
+                                   self.needless_calls)
+        if answer:
+            calls = decode_calls(parse_tool_calls(text, allowed).calls)
+            parts["key"], parts["value"] = bfcl_checker.key_value_scores(json.loads(row["bfcl_functions"]), calls,
+                                                                         answer)
+            parts["process"] = sum(self.weights[k] * parts[k] for k in self.weights)
+        return {**parts, "exact": float(bool(answer) and bfcl_verdict(row, text)["valid"])}
 
     @property
     def part_weights(self) -> dict[str, float]:
@@ -657,8 +755,11 @@ class HierRReward:
     def turn_score(self, row: dict[str, Any], turn: int, reply: str) -> float:
         """The process score of ``reply`` as tool turn ``turn`` (0-based) of ``row``, against gold step
         ``turn`` (:func:`tool_turn_scores`): how TCPO's counterfactual alternatives of a tool turn are scored."""
+        _refuse_multi_turn(row)
         gold, allowed = normalize_gold_calls(_field(row, "gold_tool_calls")), _field(row, "allowed_tools")
         if not _allowed_set(allowed):  # official: a row without allowed tools scores 0
             return 0.0
         text = strip_think(reply) if isinstance(reply, str) else ""
+        if turn == 0 and is_bfcl_row(row):  # BFCL's argument rules (bfcl_turn_parts)
+            return self.bfcl_turn_parts(row, text)["process"]
         return tool_process_score(text, step_plan(gold, turn), allowed, self.weights, self.needless_calls)["process"]

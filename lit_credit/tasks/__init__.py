@@ -5,6 +5,7 @@ from lit_credit.tasks.form import FormTask
 from lit_credit.tasks.math_revise import MathReviseTask
 from lit_credit.tasks.reasoning_gym import ReasoningGymTask as ReasoningGymTask
 from lit_credit.tasks.revise import RevisionEnvironment, Verdict
+from lit_credit.tasks.textarena import TextArenaTask as TextArenaTask
 from lit_credit.tasks.toolcall import (
     LLMToolSimulator,
     ToolCallTask,
