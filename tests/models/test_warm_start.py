@@ -117,16 +117,15 @@ print(instantiate(cfg.model.embedded).build())
 """
 
 
-@pytest.mark.slow  # three builds of the make-run warm start, 1-3 minutes each
+@pytest.mark.slow  # two builds of the make-run warm start, 1-4 minutes each
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("env", [{"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2"},
-                                 {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2"}],
-                         ids=["1-thread", "2-threads", "avx2-kernels"])
+@pytest.mark.parametrize("env", [{"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2", "ATEN_CPU_CAPABILITY": "avx2"}],
+                         ids=["1-thread", "2-threads-avx2-kernels"])
 def test_the_make_run_warm_start_lands_in_the_pages_band_whatever_the_threads_and_kernels(env, tmp_path):
-    """experiment=grpo_arith's warm start, built as `make run` builds it, with 1 and 2 threads and with another
-    CPU's vector kernels (ATEN_CPU_CAPABILITY=avx2: other rounding, as on a CPU without AVX-512): the criterion is
-    met and the held-out start is in the band docs/experiments/grpo_arith.md describes (greedy 0.15-0.40 of the
-    40 held-out problems, training 0.50-0.80)."""
+    """experiment=grpo_arith's warm start, built as `make run` builds it, with 1 thread, and with 2 threads on
+    another CPU's vector kernels (ATEN_CPU_CAPABILITY=avx2: other rounding, as on a CPU without AVX-512, where the
+    former 600-step recipe answered 7.5 % held-out): the criterion is met and the held-out start is in the band
+    docs/experiments/grpo_arith.md describes (greedy 0.15-0.40 of the 40 held-out problems, training 0.50-0.80)."""
     run_env = {**os.environ, **env, "HF_HUB_OFFLINE": "1"}
     built = subprocess.run([sys.executable, "-c", BUILD, str(tmp_path)], capture_output=True, text=True, env=run_env,
                            cwd=ROOT, timeout=900)
