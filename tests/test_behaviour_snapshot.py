@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from io import BytesIO
 from pathlib import Path
 
@@ -28,7 +29,9 @@ def test_the_standard_jobs_behave_as_before_the_episode_contract(tmp_path):
     with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
         tar.extractall(before, filter="data")
     names = list(STANDARD)
-    expected = snapshot(STANDARD, names, root=before, cache_dir=tmp_path / "cache-before")
-    got = snapshot(STANDARD, names, cache_dir=tmp_path / "cache-now")
+    with ThreadPoolExecutor(2) as pool:  # the two trees side by side, one thread each (the jobs set OMP_NUM_THREADS=1)
+        before_run = pool.submit(snapshot, STANDARD, names, root=before, cache_dir=tmp_path / "cache-before")
+        now_run = pool.submit(snapshot, STANDARD, names, cache_dir=tmp_path / "cache-now")
+        expected, got = before_run.result(), now_run.result()
     assert sorted(expected) == sorted(got) == sorted(names)
     assert differences(expected, got) == []
