@@ -1,6 +1,7 @@
 """What a task is: prompts (an HF dataset), an environment whose episodes answer the policy, and gold demos."""
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Collection, Hashable, Iterable
 from typing import Any
 
@@ -136,3 +137,14 @@ def heldout_split(draws: Iterable[dict[str, Any]], key: Callable[[dict[str, Any]
     train = disjoint_train(it if train_draws is None else train_draws, key, test_keys, num_train, fix=fix,
                            where=where, distinct=distinct, max_misses=budget - misses, num_test=num_test)
     return {"test": test, "train": train}
+
+
+def optional_package(module: str, task: str, requirement: str) -> Any:
+    """``module`` imported, or an ImportError naming ``task=...`` and how to install ``requirement`` (the field's
+    environments come with ``make install``, the ``agents`` extra)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ImportError(f"task={task} needs {requirement}: make install (the agents extra), or pip install "
+                          f"{requirement}") from err
+

@@ -66,8 +66,8 @@ PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
 GORILLA_TO_OPENAPI = {"integer": "integer", "number": "number", "float": "number", "string": "string",
                       "boolean": "boolean", "bool": "boolean", "array": "array", "list": "array", "dict": "object",
                       "object": "object", "tuple": "array", "any": "string"}
-INSTALL_FIX = ("install it with `pip install -e '.[envs]'` or `pip install --no-deps bfcl-eval==2026.3.23` "
-               "(its data and checker need none of its API clients)")
+INSTALL_FIX = ("install it with `make install` or `pip install --no-deps bfcl-eval==2026.3.23` (its data and "
+               "checker need none of its API clients)")
 
 
 # ------------------------------------------------------------------------------------------------ data

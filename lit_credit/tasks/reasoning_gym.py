@@ -33,11 +33,11 @@ from typing import Any
 
 import datasets
 
-from lit_credit.tasks.base import SingleTurnEnvironment, Task, heldout_split
+from lit_credit.tasks.base import SingleTurnEnvironment, Task, heldout_split, optional_package
 from lit_credit.tasks.revise import RevisionEnvironment, Verdict, check_stop_on_success
 from lit_credit.types import RewardResult
 
-INSTALL = "pip install reasoning-gym==0.1.25"
+INSTALL = "reasoning-gym==0.1.25"
 CORRECT = "Your answer is correct."  # the verifier's neutral reply to a right answer (revise mode)
 NO_ANSWER = "No answer found. Reply with the answer."
 DEMO_OFFSET = 1_000_000_007  # demonstrations draw from seeds this far from the split's
@@ -45,11 +45,7 @@ FIX = "lower task.num_train / task.num_test, or widen the datasets' configs (mor
 
 
 def _rg():
-    try:
-        import reasoning_gym
-    except ImportError as err:  # an optional dependency
-        raise ImportError(f"task=reasoning_gym needs the reasoning-gym package: {INSTALL}") from err
-    return reasoning_gym
+    return optional_package("reasoning_gym", "reasoning_gym", INSTALL)
 
 
 # ------------------------------------------------------------------------------------------------ entries, scores

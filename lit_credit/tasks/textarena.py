@@ -43,21 +43,17 @@ from typing import Any
 import datasets
 import numpy as np
 
-from lit_credit.tasks.base import Task, heldout_split
+from lit_credit.tasks.base import Task, heldout_split, optional_package
 from lit_credit.types import Feedback, RewardResult
 
-INSTALL = "pip install textarena==0.7.4"
+INSTALL = "textarena==0.7.4"
 DEMO_OFFSET = 1_000_000_007  # demonstration boards come from seeds this far from the split's
 SEED_STRIDE = 10_000_000  # task.seed s draws board seeds s * SEED_STRIDE, s * SEED_STRIDE + 1, ...
 FIX = "lower task.num_train / task.num_test (the game has few distinct boards), or pick a larger variant"
 
 
 def _ta():
-    try:
-        import textarena
-    except ImportError as err:  # an optional dependency
-        raise ImportError(f"task=textarena needs the textarena package: {INSTALL}") from err
-    return textarena
+    return optional_package("textarena", "textarena", INSTALL)
 
 
 # ------------------------------------------------------------------------------------------------ random streams
