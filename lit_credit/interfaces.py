@@ -149,18 +149,18 @@ class TurnEpisode:
         return copy.copy(self)
 
 
-class TurnEnvironment:
+class TurnEnvironment(ABC):
     """An environment whose answer to a reply depends on the row, the turn index and the reply alone
-    (``step(row, turn, reply) -> Feedback``): each episode is a :class:`TurnEpisode` over it. The shipped tasks'
-    environments (single turn, tools, revision against a verifier) are ones."""
+    (``step(row, turn, reply) -> Feedback``, what a subclass writes): each episode is a :class:`TurnEpisode` over
+    it. The shipped tasks' environments (single turn, tools, revision against a verifier) are ones."""
 
     max_turns: int = 1
 
     def episode(self, row: dict[str, Any], seed: int) -> Episode:
         return TurnEpisode(self, row, seed)
 
-    def step(self, row: dict[str, Any], turn: int, reply: str) -> Feedback:
-        raise NotImplementedError
+    @abstractmethod
+    def step(self, row: dict[str, Any], turn: int, reply: str) -> Feedback: ...
 
 
 def open_episode(env: Environment | TurnEnvironment, row: dict[str, Any], seed: int) -> Episode:
