@@ -25,6 +25,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lit_credit.rewards.pairing import greedy_pair_means
+
 PYTHON_TYPE_MAPPING: dict[str, type] = {
     "string": str,
     "integer": int,
@@ -384,25 +386,17 @@ def key_value_scores(func_descriptions: list, calls: Sequence[Mapping[str, Any]]
         return 1.0, 1.0
     if not calls:
         return 0.0, 0.0
-    used: set[int] = set()
-    key_sum = value_sum = 0.0
-    for answer in targets:
+
+    def score(answer: Mapping[str, Any], call: Mapping[str, Any]) -> tuple[float, float] | None:
         name = next(iter(answer))
-        best = (0.0, 0.0, None)
-        for j, call in enumerate(calls):
-            if j in used or name not in call or not isinstance(call[name], Mapping):
-                continue
-            verdicts, allowed, needed = param_verdicts(func_descriptions, call[name], answer)
-            given = set(call[name])
-            union = given | needed
-            k = len(given & allowed) / len(union) if union else 1.0
-            v = sum(verdicts.values()) / len(allowed)
-            if k + v > best[0] + best[1]:
-                best = (k, v, j)
-        if best[2] is not None:
-            used.add(best[2])
-        key_sum, value_sum = key_sum + best[0], value_sum + best[1]
-    return key_sum / len(targets), value_sum / len(targets)
+        if name not in call or not isinstance(call[name], Mapping):
+            return None
+        verdicts, allowed, needed = param_verdicts(func_descriptions, call[name], answer)
+        given = set(call[name])
+        union = given | needed
+        return (len(given & allowed) / len(union) if union else 1.0), sum(verdicts.values()) / len(allowed)
+
+    return greedy_pair_means(targets, calls, score)
 
 
 # ------------------------------------------------------------------------------------------------ gold calls

@@ -41,6 +41,7 @@ from typing import Any
 
 from lit_credit.rewards import bfcl_checker
 from lit_credit.rewards.judges import RubricJudge, SummaryJudge
+from lit_credit.rewards.pairing import greedy_pair_means
 from lit_credit.types import RewardResult
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -341,20 +342,8 @@ def key_value_scores(pred: Sequence[dict], gold: Sequence[dict]) -> tuple[float,
         return 1.0, 1.0
     if not pred:
         return 0.0, 0.0
-    used: set[int] = set()
-    key = value = 0.0
-    for g in targets:
-        best_k = best_v = 0.0
-        best_j = None
-        for j, p in enumerate(pred):
-            if j not in used and p["name"] == g["name"]:
-                k, v = _pair_scores(g["arguments"], p["arguments"])
-                if k + v > best_k + best_v:
-                    best_k, best_v, best_j = k, v, j
-        if best_j is not None:
-            used.add(best_j)
-        key, value = key + best_k, value + best_v
-    return key / len(targets), value / len(targets)
+    return greedy_pair_means(targets, pred, lambda g, p: _pair_scores(g["arguments"], p["arguments"])
+                             if p["name"] == g["name"] else None)
 
 
 def _weights(weights: Mapping[str, float] | None) -> dict[str, float]:
